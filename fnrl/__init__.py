@@ -1,0 +1,2 @@
+"""fnrl: functional deep reinforcement learning for PyTorch."""
+__version__ = "0.1.0"
