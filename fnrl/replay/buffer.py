@@ -1,0 +1,369 @@
+"""Replay buffers over [T, B] rollouts: uniform, prioritized, n-step, frame-deduplicated.
+
+See the package docstring (`fnrl.replay`) for the API, the sampleable-row rule and the
+memory layout.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from fnrl.checks import check_bool, check_float, check_shape
+from fnrl.replay.frames import stack_source_rows, stack_starts
+from fnrl.replay.sum_tree import sum_tree_get, sum_tree_init, sum_tree_sample, sum_tree_set
+from fnrl.returns import n_step_returns
+
+__all__ = ["ReplaySpec", "ReplayBuffer", "init", "add", "sample", "update_priorities", "size",
+           "num_sampleable", "can_sample"]
+
+REQUIRED_KEYS = ("obs", "action", "reward", "terminated", "done", "valid")
+SAMPLE_KEYS = ("discount", "next_obs", "weight", "index")
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """Static configuration of a buffer (Python values only).
+
+    rows_per_env: C, rows kept per env (capacity // num_envs); num_envs: B; n_step: n;
+    gamma: discount; prioritized / alpha / priority_eps: see `update_priorities`;
+    frame_stack: S, frames per observation when frame-deduplicated, else 1.
+    """
+    rows_per_env: int
+    num_envs: int
+    n_step: int
+    gamma: float
+    prioritized: bool
+    alpha: float
+    priority_eps: float
+    frame_stack: int
+    device: torch.device
+
+    @property
+    def capacity(self) -> int:
+        return self.rows_per_env * self.num_envs
+
+    @property
+    def frame_dedup(self) -> bool:
+        return self.frame_stack > 1
+
+
+@dataclass(frozen=True)
+class ReplayBuffer:
+    """A replay buffer: preallocated tensors plus the number of rows written per env.
+
+    storage: TensorDict [C, B], the stored keys of each row (obs holds only the newest
+      frame [H, W] when frame-deduplicated); row of absolute time a at position a % C.
+    rows: TensorDict [C, B], bookkeeping per row: `priority` float32 (p^alpha given at
+      insertion or by `update_priorities`), `sampleable` bool, `stack_start` bool.
+    tree: float64 [2 L] sum tree; leaf p * B + b = priority * sampleable of row (p, b).
+    max_priority: float32 [], largest p^alpha so far (new rows get it; 1 at first).
+    sampleable_count: int64 [], number of sampleable rows.
+    steps_written: W, rows written per env since `init` (a Python int).
+    The tensors are mutated in place by `add` / `update_priorities`; use the returned
+    buffer afterwards (the one passed in is stale).
+    """
+    spec: ReplaySpec
+    storage: TensorDictBase
+    rows: TensorDict
+    tree: torch.Tensor
+    max_priority: torch.Tensor
+    sampleable_count: torch.Tensor
+    steps_written: int = 0
+
+
+def _check_example(example: TensorDictBase) -> TensorDictBase:
+    """The per-row TensorDict [] of an example rollout [T, B] or row spec []."""
+    if not isinstance(example, TensorDictBase) or example.batch_dims not in (0, 2):
+        raise ValueError("example must be a TensorDict rollout with batch_size [T, B] or one row with "
+                         f"batch_size [], got {type(example).__name__} "
+                         f"{getattr(example, 'batch_size', '')}")
+    missing = [k for k in REQUIRED_KEYS if k not in example.keys()]
+    if missing:
+        raise ValueError(f"example lacks the keys {missing}; a rollout needs {list(REQUIRED_KEYS)}")
+    reserved = [k for k in SAMPLE_KEYS if k in example.keys() and k != "next_obs"]
+    if reserved:
+        raise ValueError(f"example keys {reserved} clash with the keys a sample adds {list(SAMPLE_KEYS)}")
+    row = example if example.batch_dims == 0 else example[0, 0]
+    check_float(reward=row["reward"])
+    check_bool(terminated=row["terminated"], done=row["done"], valid=row["valid"])
+    for key in ("reward", "terminated", "done", "valid"):
+        check_shape(key, row[key], (), "[] per row (rollout [T, B])")
+    return row.exclude("next_obs")
+
+
+def init(example: TensorDictBase, capacity: int, *, num_envs: int | None = None, n_step: int = 1,
+         gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6, priority_eps: float = 1e-6,
+         frame_dedup: bool = False, device: str | torch.device = "cpu",
+         memmap_dir: str | Path | None = None) -> ReplayBuffer:
+    """An empty buffer holding `capacity` rows (capacity // num_envs per env) shaped like `example`.
+
+    example: a rollout TensorDict [T, B] (B gives num_envs, T is checked against the
+    capacity) or one row []; every key but `next_obs` is stored. frame_dedup: store only
+    obs[..., -1, :, :] of uint8 [S, H, W] stacks and rebuild them at sample time.
+    memmap_dir: keep the storage in memory-mapped files there (CPU only).
+    """
+    row = _check_example(example)
+    if num_envs is None:
+        if example.batch_dims != 2:
+            raise ValueError("num_envs is required when example is a single row")
+        num_envs = example.batch_size[1]
+    if example.batch_dims == 2 and example.batch_size[1] != num_envs:
+        raise ValueError(f"example has B={example.batch_size[1]} envs but num_envs={num_envs}")
+    if num_envs < 1 or capacity < num_envs:
+        raise ValueError(f"capacity={capacity} must hold at least one row per env (num_envs={num_envs})")
+    rows_per_env = capacity // num_envs
+    if example.batch_dims == 2 and rows_per_env < example.batch_size[0]:
+        raise ValueError(f"capacity={capacity} holds {rows_per_env} rows per env, fewer than one rollout "
+                         f"of T={example.batch_size[0]}; use capacity >= {example.batch_size[0] * num_envs}")
+    frame_stack = 1
+    if frame_dedup:
+        obs = row["obs"]
+        if not torch.is_tensor(obs) or obs.dtype != torch.uint8 or obs.ndim != 3:
+            raise ValueError("frame_dedup needs obs to be uint8 frame stacks [S, H, W], got "
+                             f"{getattr(obs, 'dtype', type(obs).__name__)} {tuple(getattr(obs, 'shape', ()))}")
+        frame_stack = obs.shape[0]
+        row.set("obs", obs[-1])
+    if not 1 <= n_step <= rows_per_env - frame_stack:
+        raise ValueError(f"n_step={n_step} does not fit {rows_per_env} rows per env"
+                         f"{' with frame stacks of ' + str(frame_stack) if frame_dedup else ''}: "
+                         f"need 1 <= n_step <= {rows_per_env - frame_stack}")
+    if not 0.0 <= gamma <= 1.0 or alpha < 0.0 or priority_eps < 0.0:
+        raise ValueError(f"need 0 <= gamma <= 1, alpha >= 0, priority_eps >= 0; got gamma={gamma}, "
+                         f"alpha={alpha}, priority_eps={priority_eps}")
+    device = torch.device(device)
+    if memmap_dir is not None and device.type != "cpu":
+        raise ValueError(f"memmap_dir needs device='cpu', got device={device}")
+
+    C, B = rows_per_env, num_envs
+    if memmap_dir is None:
+        storage = row.apply(lambda x: torch.zeros((C, B, *x.shape), dtype=x.dtype, device=device),
+                            batch_size=[C, B], device=device)
+    else:
+        storage = row.to("cpu").expand(C, B).memmap_like(prefix=str(memmap_dir))
+    rows = TensorDict({"priority": torch.ones(C, B, device=device),
+                       "sampleable": torch.zeros(C, B, dtype=torch.bool, device=device),
+                       "stack_start": torch.zeros(C, B, dtype=torch.bool, device=device)},
+                      batch_size=[C, B], device=device)
+    spec = ReplaySpec(rows_per_env=C, num_envs=B, n_step=n_step, gamma=float(gamma),
+                      prioritized=prioritized, alpha=float(alpha), priority_eps=float(priority_eps),
+                      frame_stack=frame_stack, device=device)
+    return ReplayBuffer(spec=spec, storage=storage, rows=rows, tree=sum_tree_init(C * B, device),
+                        max_priority=torch.ones((), device=device),
+                        sampleable_count=torch.zeros((), dtype=torch.int64, device=device))
+
+
+def _check_rollout(buffer: ReplayBuffer, rollout: TensorDictBase) -> None:
+    """Raise unless `rollout` is [T, B] with T <= C and exactly the stored keys, shapes, dtypes."""
+    spec = buffer.spec
+    if not isinstance(rollout, TensorDictBase) or rollout.batch_dims != 2:
+        raise ValueError(f"rollout must be a TensorDict with batch_size [T, B], got "
+                         f"{type(rollout).__name__} {getattr(rollout, 'batch_size', '')}")
+    T, B = rollout.batch_size
+    if B != spec.num_envs:
+        raise ValueError(f"rollout has B={B} envs but the buffer was made for num_envs={spec.num_envs}")
+    if T > spec.rows_per_env:
+        raise ValueError(f"rollout has T={T} steps but the buffer holds {spec.rows_per_env} rows per env; "
+                         f"use capacity >= {T * B}")
+    stored = set(buffer.storage.keys(include_nested=True, leaves_only=True))
+    given = set(rollout.exclude("next_obs").keys(include_nested=True, leaves_only=True))
+    if stored != given:
+        raise ValueError(f"rollout keys differ from the buffer's: missing {sorted(map(str, stored - given))}, "
+                         f"unexpected {sorted(map(str, given - stored))}")
+    for key in stored:
+        want, got = buffer.storage.get(key), rollout.get(key)
+        row_shape = tuple(want.shape[2:])
+        if key == "obs" and spec.frame_dedup:
+            row_shape = (spec.frame_stack, *row_shape)
+        if tuple(got.shape[2:]) != row_shape or got.dtype != want.dtype:
+            raise ValueError(f"rollout[{key!r}] is {got.dtype} {tuple(got.shape)}; the buffer stores "
+                             f"{want.dtype} [T, B, {', '.join(map(str, row_shape))}]")
+
+
+def _write_ring(dest, data, start: int) -> None:
+    """dest[(start + t) % C] = data[t] for t < T (T <= C), as at most two slice writes.
+
+    dest: tensor or TensorDict [C, ...]; data: the same kind, [T, ...]."""
+    C, T = dest.shape[0], data.shape[0]
+    first = min(T, C - start)
+    dest[start:start + first] = data[:first]
+    if first < T:
+        dest[:T - first] = data[first:]
+
+
+def _oldest(spec: ReplaySpec, steps_written: int) -> int:
+    """Absolute time of the oldest row still stored."""
+    return max(0, steps_written - spec.rows_per_env)
+
+
+def _absolute_row(spec: ReplaySpec, position: torch.Tensor, steps_written: int) -> torch.Tensor:
+    """Absolute time of the row stored at ring position `position` (the latest a < W with a % C = p)."""
+    C = spec.rows_per_env
+    return position + C * torch.div(steps_written - 1 - position, C, rounding_mode="floor")
+
+
+def _sampleable(buffer: ReplayBuffer, row: torch.Tensor, steps_written: int) -> torch.Tensor:
+    """Whether rows of absolute times `row` [K] (all still stored) may be sampled, per env: bool [K, B].
+
+    valid, and row <= W - 1 - n (its window and bootstrap row are written), and
+    row >= W - C (stored), and with frame_dedup its whole frame stack is still stored.
+    """
+    spec = buffer.spec
+    oldest = _oldest(spec, steps_written)
+    in_window = (row >= oldest) & (row <= steps_written - 1 - spec.n_step)
+    ok = buffer.storage["valid"][row % spec.rows_per_env] & in_window.unsqueeze(1)
+    if spec.frame_dedup:
+        env = torch.arange(spec.num_envs, device=row.device)
+        sources = stack_source_rows(row.unsqueeze(1), env, buffer.rows["stack_start"], oldest, spec.frame_stack)
+        ok = ok & (sources[..., 0] >= oldest)
+    return ok
+
+
+def _refresh(buffer: ReplayBuffer, row: torch.Tensor, steps_written: int) -> None:
+    """Recompute `sampleable`, its count and the tree leaves of the distinct absolute rows `row` [K]."""
+    spec = buffer.spec
+    position = row % spec.rows_per_env
+    new = _sampleable(buffer, row, steps_written)
+    old = buffer.rows["sampleable"][position]
+    buffer.sampleable_count.add_(new.sum() - old.sum())
+    buffer.rows["sampleable"][position] = new
+    leaf = (position.unsqueeze(1) * spec.num_envs + torch.arange(spec.num_envs, device=row.device)).flatten()
+    sum_tree_set(buffer.tree, leaf, (buffer.rows["priority"][position] * new).flatten())
+
+
+def add(buffer: ReplayBuffer, rollout: TensorDictBase) -> ReplayBuffer:
+    """Write a rollout [T, B] at the write cursor (wrapping around) and return the buffer.
+
+    Every key but `next_obs` is stored (next_obs[t] == obs[t + 1] per env, so the bootstrap
+    observation of row t is the stored obs of row t + m). New rows get priority
+    `max_priority`; rows become sampleable once the rule in the package docstring holds.
+    """
+    _check_rollout(buffer, rollout)
+    spec, W = buffer.spec, buffer.steps_written
+    C, (T, B) = spec.rows_per_env, rollout.batch_size
+    data = rollout.exclude("next_obs").to(spec.device)
+    start = W % C
+    if spec.frame_dedup:
+        obs = data["obs"]
+        previous_valid = (buffer.storage["valid"][(W - 1) % C] if W > 0
+                          else torch.zeros(B, dtype=torch.bool, device=spec.device))
+        follows_reset = ~torch.cat([previous_valid.unsqueeze(0), data["valid"][:-1]])
+        starts = stack_starts(obs, follows_reset)
+        data.set("obs", obs[:, :, -1])
+        _write_ring(buffer.rows["stack_start"], starts, start)
+    _write_ring(buffer.storage, data, start)
+    new_position = torch.arange(W, W + T, device=spec.device) % C
+    buffer.rows["priority"][new_position] = buffer.max_priority
+
+    steps = W + T
+    oldest = _oldest(spec, steps)
+    changed = torch.cat([
+        torch.arange(max(W - spec.n_step, oldest), steps, device=spec.device),   # newly complete + new rows
+        torch.arange(oldest, min(oldest + spec.frame_stack - 1, steps), device=spec.device),  # lost history
+    ]).unique()
+    _refresh(buffer, changed, steps)
+    return dataclasses.replace(buffer, steps_written=steps)
+
+
+def size(buffer: ReplayBuffer) -> int:
+    """Number of rows stored (all envs), sampleable or not."""
+    return min(buffer.steps_written, buffer.spec.rows_per_env) * buffer.spec.num_envs
+
+
+def num_sampleable(buffer: ReplayBuffer) -> int:
+    """Number of rows that `sample` may return (reads one device scalar)."""
+    return int(buffer.sampleable_count)
+
+
+def can_sample(buffer: ReplayBuffer, batch_size: int) -> bool:
+    """Whether at least `batch_size` rows are sampleable."""
+    return num_sampleable(buffer) >= batch_size
+
+
+def _stacked_frames(buffer: ReplayBuffer, row: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
+    """Rebuilt uint8 stacks [N, S, H, W] of absolute rows `row` [N] of envs `env` [N]."""
+    spec = buffer.spec
+    sources = stack_source_rows(row, env, buffer.rows["stack_start"], _oldest(spec, buffer.steps_written),
+                                spec.frame_stack)
+    flat = (sources % spec.rows_per_env) * spec.num_envs + env.unsqueeze(1)          # [N, S]
+    frames = buffer.storage["obs"].flatten(0, 1)                                     # [C B, H, W]
+    return frames.index_select(0, flat.flatten()).view(*flat.shape, *frames.shape[1:])
+
+
+def sample(buffer: ReplayBuffer, batch_size: int, beta: float | torch.Tensor = 0.4, *,
+           generator: torch.Generator | None = None) -> TensorDict:
+    """Draw `batch_size` sampleable rows (with replacement) and build their n-step targets.
+
+    Uniform buffers draw rows independently and uniformly; prioritized ones draw one row
+    per stratum with P(i) = p_i / sum_k p_k and weight it by
+        w_i = (N_valid P(i))^-beta / max_j w_j = (min_j p_j / p_i)^beta,
+    the max (and min) taken over the batch, as in rlpyt (N_valid cancels).
+    For a row t of env b with m = n-step window length (see fnrl.returns.n_step_returns):
+        reward   = sum_{k<m} gamma^k r_{t+k},
+        discount = gamma^m, or 0 if the episode terminated inside the window,
+        next_obs = obs[t + m] (the final observation after a done),
+    Returns a TensorDict [N]: obs, action, reward (n-step return), discount, next_obs,
+    weight (ones for uniform), index (int64, for `update_priorities`), and every other
+    stored key of row t.
+    """
+    spec = buffer.spec
+    if batch_size > spec.capacity:
+        raise ValueError(f"batch_size={batch_size} exceeds the buffer capacity {spec.capacity}")
+    available = num_sampleable(buffer)
+    if available < batch_size:
+        raise ValueError(f"only {available} sampleable rows for batch_size={batch_size}; add more rollouts "
+                         f"first (check with can_sample)")
+    C, B, n = spec.rows_per_env, spec.num_envs, spec.n_step
+    index = sum_tree_sample(buffer.tree, batch_size, stratified=spec.prioritized, generator=generator)
+    position, env = torch.div(index, B, rounding_mode="floor"), index % B
+
+    window = (position + torch.arange(n, device=index.device).unsqueeze(1)) % C      # [n, N]
+    reward = buffer.storage["reward"][window, env]
+    discount = spec.gamma * (~buffer.storage["terminated"][window, env]).to(reward.dtype)
+    returns, bootstrap_discount, offset = n_step_returns(reward, discount, buffer.storage["done"][window, env], n)
+
+    batch = buffer.storage.exclude("obs")[position, env]
+    if spec.frame_dedup:
+        row = _absolute_row(spec, position, buffer.steps_written)
+        batch.set("obs", _stacked_frames(buffer, row, env))
+        batch.set("next_obs", _stacked_frames(buffer, row + offset[0], env))
+    else:
+        obs = buffer.storage.get("obs")
+        batch.set("obs", obs[position, env])
+        batch.set("next_obs", obs[(position + offset[0]) % C, env])
+    batch.set("reward", returns[0])
+    batch.set("discount", bootstrap_discount[0])
+    if spec.prioritized:
+        priority = sum_tree_get(buffer.tree, index)
+        weight = (priority.min() / priority) ** torch.as_tensor(beta, dtype=priority.dtype, device=index.device)
+    else:
+        weight = torch.ones(batch_size, device=index.device)
+    batch.set("weight", weight.to(reward.dtype))
+    batch.set("index", index)
+    return batch
+
+
+def update_priorities(buffer: ReplayBuffer, index: torch.Tensor, priority: torch.Tensor) -> ReplayBuffer:
+    """Set the priorities of sampled rows from their TD errors; returns the buffer.
+
+    index: int64 [N] from `sample`; priority: [N] TD errors delta (any sign). Stores
+    p = (|delta| + priority_eps)^alpha and raises `max_priority` to max(p). A row that
+    has stopped being sampleable since it was drawn keeps leaf 0 (its stored priority is
+    updated all the same, as in rlpyt). Duplicate indices: one of their values wins.
+    """
+    spec = buffer.spec
+    if not spec.prioritized:
+        raise ValueError("update_priorities needs a buffer made with prioritized=True")
+    if index.dtype != torch.int64 or index.shape != priority.shape or index.ndim != 1:
+        raise ValueError(f"index must be int64 [N] and priority [N]; got index {index.dtype} "
+                         f"{tuple(index.shape)}, priority {tuple(priority.shape)}")
+    index = index.to(spec.device)
+    p = (priority.detach().to(spec.device, torch.float32).abs() + spec.priority_eps) ** spec.alpha
+    position, env = torch.div(index, spec.num_envs, rounding_mode="floor"), index % spec.num_envs
+    buffer.rows["priority"][position, env] = p
+    sum_tree_set(buffer.tree, index, p * buffer.rows["sampleable"][position, env])
+    buffer.max_priority.copy_(torch.maximum(buffer.max_priority, p.max()))
+    return buffer
