@@ -1,0 +1,107 @@
+"""Batched environments: EnvPool by default, any gymnasium env through an adaptor.
+
+>>> env = make("CartPole-v1", num_envs=8, seed=0)
+>>> first = env.reset()                      # TensorDict [8] with "obs"
+>>> out = env.step(torch.zeros(8, dtype=torch.int64))   # keys in fnrl.envs.batched
+>>> env.spec.num_actions
+2
+"""
+from __future__ import annotations
+
+import difflib
+from functools import lru_cache
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fnrl.envs.batched import BatchedEnv, _NUMPY_TO_TORCH
+from fnrl.envs.spec import EnvSpec
+from fnrl.errors import ConfigError
+
+__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec"]
+
+
+@lru_cache(maxsize=1)
+def _envpool_ids() -> frozenset:
+    import envpool
+
+    return frozenset(envpool.list_all_envs())
+
+
+def _is_atari(env_id: str) -> bool:
+    import envpool
+
+    return env_id in _envpool_ids() and "stack_num" in envpool.make_spec(env_id).config._fields
+
+
+def _space_spec(obs_space, act_space):
+    if isinstance(obs_space, gym.spaces.Dict):
+        obs_shape = {k: tuple(s.shape) for k, s in obs_space.spaces.items()}
+        obs_dtype = {k: _NUMPY_TO_TORCH[np.dtype(s.dtype)] for k, s in obs_space.spaces.items()}
+    else:
+        obs_shape, obs_dtype = tuple(obs_space.shape), _NUMPY_TO_TORCH[np.dtype(obs_space.dtype)]
+    if isinstance(act_space, gym.spaces.Discrete):
+        return dict(obs_shape=obs_shape, obs_dtype=obs_dtype, action_shape=(), action_dtype=torch.int64,
+                    num_actions=int(act_space.n))
+    if isinstance(act_space, gym.spaces.Box):
+        return dict(obs_shape=obs_shape, obs_dtype=obs_dtype, action_shape=tuple(act_space.shape),
+                    action_dtype=torch.float32,
+                    action_low=torch.as_tensor(act_space.low, dtype=torch.float32),
+                    action_high=torch.as_tensor(act_space.high, dtype=torch.float32))
+    raise ConfigError(f"action space {act_space} is not supported: fnrl handles Discrete and Box actions")
+
+
+def _unknown(env_id: str) -> ConfigError:
+    known = sorted(set(_envpool_ids()) | set(gym.registry.keys()))
+    close = difflib.get_close_matches(env_id, known, n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(
+        f"unknown env id {env_id!r}: it is neither an EnvPool task nor a registered gymnasium env.{hint}"
+    )
+
+
+def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, backend: str = "auto",
+         **kwargs) -> BatchedEnv:
+    """Create `num_envs` copies of `env_id` stepped together.
+
+    backend: "envpool" (C++ threads; the default for every id EnvPool knows), "gymnasium"
+        (any registered gymnasium id, e.g. a user's own env, stepped in-process), or "auto".
+    train: for Atari, training envs use episodic life and reward clipping; evaluation envs
+        (train=False) use neither. Episode statistics always report the raw game score.
+    kwargs: passed to `envpool.make` or `gymnasium.make_vec`.
+    """
+    if backend not in ("auto", "envpool", "gymnasium"):
+        raise ConfigError(f"unknown env backend {backend!r}: use auto, envpool or gymnasium")
+    if num_envs < 1:
+        raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
+    if backend != "gymnasium" and env_id in _envpool_ids():
+        import envpool
+
+        atari = _is_atari(env_id)
+        if atari:
+            kwargs.setdefault("episodic_life", train)
+            kwargs.setdefault("reward_clip", train)
+        raw = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
+        cfg = raw.spec.config
+        spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=cfg.max_episode_steps,
+                       is_atari=atari, **_space_spec(raw.observation_space, raw.action_space))
+        return BatchedEnv(raw, spec, atari=atari)
+    if backend != "envpool" and env_id in gym.registry:
+        raw = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
+        mode = raw.metadata.get("autoreset_mode")
+        if mode is not None and getattr(mode, "name", str(mode)) != "NEXT_STEP":
+            raise ConfigError(f"{env_id}: fnrl needs next-step autoreset, the env uses {mode}")
+        single_env_spec = gym.spec(env_id)
+        spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=single_env_spec.max_episode_steps,
+                       **_space_spec(raw.single_observation_space, raw.single_action_space))
+        return BatchedEnv(raw, spec, seed=seed)
+    raise _unknown(env_id)
+
+
+def env_spec(env_id: str, num_envs: int = 1, **kwargs) -> EnvSpec:
+    """The spec of `env_id` (creates and closes one batched env)."""
+    env = make(env_id, num_envs=num_envs, **kwargs)
+    spec = env.spec
+    env.close()
+    return spec

@@ -1,0 +1,102 @@
+"""Pieces every algorithm file composes: action distributions, masked means, one
+gradient step, and option validation. No algorithm-specific math lives here."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import torch
+from tensordict import TensorDict
+
+from fnrl import distributions as D
+from fnrl.envs.spec import EnvSpec
+from fnrl.errors import ConfigError
+from fnrl.optim import apply_updates
+
+
+class ActionDist(NamedTuple):
+    """The policy distribution of an action space, as pure functions of `dist`.
+
+    `dist` is a tuple: `(logits,)` for discrete actions, `(mean, log_std)` for
+    continuous ones. Each function broadcasts over leading dims.
+    """
+
+    sample: Callable
+    log_prob: Callable  # (*dist, action) -> [...]
+    entropy: Callable
+    mode: Callable
+    kl: Callable  # (dist_p, dist_q) -> [...]
+
+
+CATEGORICAL = ActionDist(
+    sample=lambda logits: D.categorical_sample(logits),
+    log_prob=lambda logits, a: D.categorical_log_prob(logits, a),
+    entropy=lambda logits: D.categorical_entropy(logits),
+    mode=lambda logits: D.categorical_mode(logits),
+    kl=lambda p, q: D.categorical_kl(p[0], q[0]),
+)
+
+GAUSSIAN = ActionDist(
+    sample=lambda mean, log_std: D.normal_sample(mean, log_std),
+    log_prob=lambda mean, log_std, a: D.normal_log_prob(mean, log_std, a),
+    entropy=lambda mean, log_std: D.normal_entropy(log_std.expand_as(mean)),
+    mode=lambda mean, log_std: D.normal_mode(mean),
+    kl=lambda p, q: D.normal_kl(p[0], p[1], q[0], q[1]),
+)
+
+
+def action_dist(spec: EnvSpec) -> ActionDist:
+    return CATEGORICAL if spec.discrete else GAUSSIAN
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `x` over the entries where `mask` is True (0 if there are none)."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorDict, *args):
+    """loss -> grad -> optimizer -> new params, as one pure step.
+
+    `loss_fn(params, *args) -> (loss, metrics)`. Returns
+    `(params, opt_state, metrics)` with `metrics["loss"]` added.
+    """
+    grads, (loss, metrics) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, *args)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return apply_updates(params, updates), opt_state, dict(metrics, loss=loss.detach())
+
+
+def require_discrete(name: str, spec: EnvSpec) -> None:
+    if not spec.discrete:
+        raise ConfigError(f"{name} needs a discrete action space, but {spec.env_id} has continuous actions "
+                          f"{spec.action_shape}; use sac, td3, ddpg or ppo")
+
+
+def require_continuous(name: str, spec: EnvSpec) -> None:
+    if spec.discrete:
+        raise ConfigError(f"{name} needs a continuous action space, but {spec.env_id} has "
+                          f"{spec.num_actions} discrete actions; use dqn, ppo or a2c")
+
+
+def check_positive(config, *fields: str) -> None:
+    for f in fields:
+        v = getattr(config, f)
+        if v is not None and v <= 0:
+            raise ConfigError(f"--{f.replace('_', '-')} must be positive, got {v}")
+
+
+def config_dict(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+class Agent(NamedTuple):
+    """An algorithm bound to an env spec and config: three pure functions.
+
+    init(seed) -> state                                  TensorDict
+    act(state, obs, carry, explore) -> (action, extras, carry)
+    update(state, batch) -> (state, metrics)             compiled by the training loop
+    """
+
+    init: Callable
+    act: Callable
+    update: Callable

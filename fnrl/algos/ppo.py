@@ -1,0 +1,265 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347).
+
+Clipped surrogate or adaptive-KL penalty, GAE, value clipping, advantage
+normalization, linear learning-rate and clip annealing, gradient-norm clipping, and
+BatchPPO's running observation and reward normalization (Hafner et al. 2017).
+Discrete (categorical) and continuous (Gaussian, state-independent log-std) actions.
+
+    agent = ppo.make(ppo.Config(), env.spec)
+    state = agent.init(seed=0)
+    action, extras, carry = agent.act(state, obs, None, explore=True)
+    state, metrics = agent.update(state, rollout)        # all epochs and minibatches
+
+`update` is pure; the training loop compiles it once (`torch.compile`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from fnrl import losses, optim
+from fnrl.algos.common import Agent, action_dist, check_positive, gradient_step, masked_mean
+from fnrl.envs.spec import EnvSpec
+from fnrl.errors import ConfigError
+from fnrl.nets import ActorCritic, call, parameters
+from fnrl.normalize import rms_init, rms_normalize, rms_update
+from fnrl.returns import gae, reverse_linear_recurrence
+
+KIND = "on_policy"
+
+
+@dataclass
+class Config:
+    """PPO settings. Defaults learn CartPole-v1 to 500 within 100k steps (rl-zoo's tuned
+    CartPole settings); `experiments/` holds CleanRL's Atari and MuJoCo settings."""
+
+    env_id: str = "CartPole-v1"
+    """environment id (EnvPool task or registered gymnasium env)"""
+    total_steps: int = 100_000
+    """total environment steps (all envs together)"""
+    num_envs: int = 8
+    """parallel environments B"""
+    num_steps: int = 32
+    """rollout length T per environment and iteration"""
+    learning_rate: float = 1e-3
+    """Adam step size"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over training"""
+    gamma: float = 0.98
+    """discount factor"""
+    gae_lambda: float = 0.8
+    """GAE lambda"""
+    num_minibatches: int = 1
+    """minibatches per epoch (must divide num_envs * num_steps)"""
+    update_epochs: int = 20
+    """passes over each rollout"""
+    norm_adv: bool = True
+    """normalize advantages per minibatch"""
+    clip_coef: float = 0.2
+    """surrogate clipping range epsilon"""
+    anneal_clip: bool = True
+    """decay the clipping range linearly to 0 over training"""
+    clip_vloss: bool = False
+    """clip the value loss around the old values (range clip_coef)"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    adam_eps: float = 1e-5
+    """Adam epsilon"""
+    penalty: str = "clip"
+    """"clip" (clipped surrogate) or "kl" (adaptive KL penalty)"""
+    kl_target: float = 0.01
+    """target KL per update for the adaptive penalty"""
+    kl_init_coef: float = 1.0
+    """initial KL penalty coefficient beta"""
+    normalize_obs: bool = False
+    """running mean/std observation normalization (BatchPPO)"""
+    normalize_reward: bool = False
+    """scale rewards by the running std of the discounted return (BatchPPO)"""
+    hidden: tuple[int, ...] = (64, 64)
+    """MLP hidden sizes (vector observations)"""
+    activation: str = "tanh"
+    """MLP activation: tanh or relu"""
+    conv: str = "nature"
+    """conv torso for image observations: nature or a3c"""
+    init_log_std: float = 0.0
+    """initial log standard deviation of continuous actions"""
+
+
+def validate(config: Config, spec: EnvSpec | None = None) -> None:
+    """Raise ConfigError for settings that cannot work, before any training."""
+    check_positive(config, "total_steps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                   "learning_rate")
+    batch = config.num_envs * config.num_steps
+    if batch % config.num_minibatches:
+        raise ConfigError(f"--num-minibatches {config.num_minibatches} does not divide the batch "
+                          f"num_envs x num_steps = {batch}; pick a divisor of {batch}")
+    if config.penalty not in ("clip", "kl"):
+        raise ConfigError(f"--penalty must be clip or kl, got {config.penalty!r}")
+    if config.activation not in ("tanh", "relu"):
+        raise ConfigError(f"--activation must be tanh or relu, got {config.activation!r}")
+    if config.conv not in ("nature", "a3c"):
+        raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+
+
+def _forward_return(reward, done, gamma, carry):
+    """Per-env discounted return R_t = r_t + c_{t-1} R_{t-1}, c_t = gamma (1 - done_t), R_{-1} c_{-1} = carry.
+
+    A forward recurrence, computed with the reverse scan on the time-flipped sequence.
+    reward, done: [T, B]; carry: [B]. Returns (R [T, B], the carry for the next rollout [B]).
+    """
+    decay = gamma * (~done).to(reward.dtype)
+    b = torch.cat([reward[:1] + carry, reward[1:]])
+    ret = reverse_linear_recurrence(b.flip(0), decay.flip(0).roll(-1, 0)).flip(0)
+    return ret, decay[-1] * ret[-1]
+
+
+def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
+    """Bind PPO to an environment: returns `Agent(init, act, update)`.
+
+    `update` runs all epochs and minibatches of one iteration. Its pieces (advantage
+    computation, one minibatch step) are pure; with `compile=True` each is compiled
+    once with `fullgraph=True` and reused for every minibatch, which keeps compile time
+    independent of the number of epochs and minibatches.
+    """
+    validate(config, spec)
+    dist = action_dist(spec)
+    T, B = config.num_steps, config.num_envs
+    n = T * B
+    mb_size = n // config.num_minibatches
+    iterations = max(1, config.total_steps // n)
+    grad_steps = iterations * config.update_epochs * config.num_minibatches
+    lr = optim.linear_schedule(config.learning_rate, 0.0, grad_steps) if config.anneal_lr else config.learning_rate
+    opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.adam(lr, eps=config.adam_eps))
+
+    def build():
+        return ActorCritic(spec.obs_shape, spec.action_dim, not spec.discrete, config.hidden, config.activation,
+                           config.conv, config.init_log_std)
+
+    net = build()
+
+    def policy(params, obs):
+        out, value = call(net, params, obs)
+        d = (out,) if spec.discrete else (out, params["log_std"].expand_as(out))
+        return d, value
+
+    def observe(state, obs):
+        return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs
+
+    def init(seed: int) -> TensorDict:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            params = parameters(build())
+        state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64)}
+        if config.normalize_obs:
+            state["obs_rms"] = rms_init(spec.obs_shape)
+        if config.normalize_reward:
+            state["rew_rms"] = rms_init(())
+            state["ret"] = torch.zeros(B)
+        if config.penalty == "kl":
+            state["kl_coef"] = torch.tensor(config.kl_init_coef)
+        return TensorDict(state, batch_size=[])
+
+    def act(state, obs, carry, explore: bool = True):
+        d, value = policy(state["params"], observe(state, obs))
+        action = dist.sample(*d) if explore else dist.mode(*d)
+        return action, {"logp": dist.log_prob(*d, action), "value": value}, carry
+
+    def loss(params, mb, clip, kl_coef):
+        d, value = policy(params, mb["obs"])
+        logp = dist.log_prob(*d, mb["action"])
+        valid = mb["valid"]
+        adv = mb["advantage"]
+        if config.norm_adv:
+            mean = masked_mean(adv, valid)
+            std = masked_mean((adv - mean) ** 2, valid).sqrt()
+            adv = (adv - mean) / (std + 1e-8)
+        if config.penalty == "clip":
+            pg, clipped = losses.clipped_surrogate_loss(logp, mb["logp"], adv, clip)
+        else:
+            old = tuple(mb[f"old_dist{i}"] for i in range(len(d)))
+            pg = losses.kl_penalty_loss(logp, mb["logp"], adv, dist.kl(old, d), kl_coef)
+            clipped = ((logp - mb["logp"]).exp() - 1).abs().gt(clip).to(logp.dtype)
+        if config.clip_vloss:
+            v_loss = losses.clipped_value_loss(value, mb["value"], mb["target"], clip)
+        else:
+            v_loss = losses.squared_loss(value - mb["target"])
+        entropy = dist.entropy(*d)
+        total = masked_mean(pg + config.vf_coef * v_loss - config.ent_coef * entropy, valid)
+        return total, {
+            "loss/policy": masked_mean(pg, valid).detach(),
+            "loss/value": masked_mean(v_loss, valid).detach(),
+            "loss/entropy": masked_mean(entropy, valid).detach(),
+            "approx_kl": masked_mean(losses.approx_kl(logp, mb["logp"]), valid).detach(),
+            "clipfrac": masked_mean(clipped, valid).detach(),
+        }
+
+    def prepare(state: TensorDict, rollout: TensorDict):
+        """Advantages, targets and normalizer updates: the [T*B] training batch."""
+        params = state["params"]
+        new_state = state.copy()
+        obs = observe(state, rollout["obs"])
+        reward = rollout["reward"]
+        if config.normalize_reward:
+            ret, new_state["ret"] = _forward_return(reward, rollout["done"], config.gamma, state["ret"])
+            rew_rms = rms_update(state["rew_rms"], ret.reshape(-1), rollout["valid"].reshape(-1))
+            reward = reward / torch.sqrt(rew_rms["var"] + 1e-8)
+            new_state["rew_rms"] = rew_rms
+        if config.normalize_obs:
+            flat_obs = rollout["obs"].reshape(n, *rollout["obs"].shape[2:])
+            new_state["obs_rms"] = rms_update(state["obs_rms"], flat_obs, rollout["valid"].reshape(n))
+        _, last_value = policy(params, observe(state, rollout["next_obs"][-1]))
+        value = rollout["value"]
+        next_value = torch.cat([value[1:], last_value[None]])
+        discount = config.gamma * (~rollout["terminated"]).to(value.dtype)
+        advantage = gae(reward, value, next_value, discount, rollout["done"], config.gae_lambda)
+        batch = {"obs": obs, "action": rollout["action"], "logp": rollout["logp"], "value": value,
+                 "advantage": advantage, "target": advantage + value, "valid": rollout["valid"]}
+        if config.penalty == "kl":
+            old_dist, _ = policy(params, obs)
+            batch.update({f"old_dist{i}": x for i, x in enumerate(old_dist)})
+        flat = TensorDict(batch, batch_size=[T, B]).reshape(n)
+        progress = state["env_steps"].to(torch.float32) / config.total_steps
+        clip = config.clip_coef * (1.0 - progress).clamp(min=0.0) if config.anneal_clip else torch.tensor(config.clip_coef)
+        valid, target = flat["valid"], flat["target"]
+        var_t = masked_mean((target - masked_mean(target, valid)) ** 2, valid)
+        explained_var = 1 - masked_mean((target - flat["value"]) ** 2, valid) / (var_t + 1e-8)
+        return new_state, flat, clip, explained_var
+
+    def minibatch_step(params, opt_state, flat, index, clip, kl_coef):
+        return gradient_step(loss, params, opt, opt_state, flat[index], clip, kl_coef)
+
+    def kl_adapt(params, flat, kl_coef):
+        """BatchPPO's penalty coefficient update from the KL between old and new policy."""
+        new_dist, _ = policy(params, flat["obs"])
+        old_dist = tuple(flat[f"old_dist{i}"] for i in range(len(new_dist)))
+        kl = masked_mean(dist.kl(old_dist, new_dist), flat["valid"])
+        return losses.adaptive_kl_coef(kl_coef, kl, config.kl_target)
+
+    if compile:
+        prepare, minibatch_step, kl_adapt = (torch.compile(f, fullgraph=True)
+                                             for f in (prepare, minibatch_step, kl_adapt))
+
+    def update(state: TensorDict, rollout: TensorDict):
+        """All epochs x minibatches of one iteration: the compiled pieces, sequenced."""
+        new_state, flat, clip, explained_var = prepare(state, rollout)
+        params, opt_state = state["params"], state["opt_state"]
+        kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(())
+        perms = torch.rand(config.update_epochs, n).argsort(-1).view(-1, mb_size)
+        history = []
+        for index in perms:
+            params, opt_state, m = minibatch_step(params, opt_state, flat, index, clip, kl_coef)
+            history.append(m)
+        metrics = {k: torch.stack([m[k] for m in history]).mean() for k in history[0]}
+        if config.penalty == "kl":
+            new_state["kl_coef"] = metrics["kl_coef"] = kl_adapt(params, flat, kl_coef)
+        metrics.update(explained_variance=explained_var, clip_coef=clip)
+        new_state["params"], new_state["opt_state"] = params, opt_state
+        return new_state, TensorDict(metrics, batch_size=[])
+
+    return Agent(init=init, act=act, update=update)

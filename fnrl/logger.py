@@ -1,0 +1,98 @@
+"""Run outputs: progress.csv, TensorBoard scalars and curve.png, one row per log interval."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+
+class Logger:
+    """Writes each row to `progress.csv` and TensorBoard; `plot()` draws `curve.png`.
+
+    The CSV header is fixed by the first row; later rows may not add columns (missing
+    ones are left empty). On resume the CSV is appended to.
+    """
+
+    def __init__(self, log_dir: str | Path, tensorboard: bool = True, append: bool = False):
+        self.dir = Path(log_dir)
+        self.path = self.dir / "progress.csv"
+        self.rows: list[dict] = []
+        self._fields: list[str] | None = None
+        if append and self.path.exists():
+            with open(self.path, newline="") as f:
+                reader = csv.DictReader(f)
+                self._fields = reader.fieldnames
+                self.rows = [{k: _num(v) for k, v in r.items()} for r in reader]
+        self._file = open(self.path, "a" if append else "w", newline="")
+        self._writer = None if self._fields is None else csv.DictWriter(self._file, self._fields, extrasaction="ignore")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.dir))
+
+    def log(self, row: dict) -> None:
+        if self._writer is None:
+            self._fields = list(row)
+            self._writer = csv.DictWriter(self._file, self._fields, extrasaction="ignore")
+            self._writer.writeheader()
+        self._writer.writerow(row)
+        self._file.flush()
+        self.rows.append(row)
+        if self._tb is not None:
+            step = int(row["env_steps"])
+            for k, v in row.items():
+                if k != "env_steps" and isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
+                    self._tb.add_scalar(k, v, step)
+
+    def plot(self, title: str = "") -> Path:
+        return plot_curves([self.rows], self.dir / "curve.png", title=title)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _num(v: str):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def plot_curves(runs: list[list[dict]], path: str | Path, title: str = "", y: str = "return_mean") -> Path:
+    """Plot `y` against env_steps for one or many runs: mean line and min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    curves = [([float(r["env_steps"]) for r in rows if _finite(r.get(y))],
+               [float(r[y]) for r in rows if _finite(r.get(y))]) for rows in runs]
+    curves = [c for c in curves if c[0]]
+    if len(curves) == 1:
+        ax.plot(*curves[0], label=y)
+    elif curves:
+        grid = np.linspace(max(c[0][0] for c in curves), min(c[0][-1] for c in curves), 200)
+        ys = np.stack([np.interp(grid, *c) for c in curves])
+        ax.plot(grid, ys.mean(0), label=f"{y} (mean of {len(curves)})")
+        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(y)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    tmp = Path(str(path) + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return Path(path)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)

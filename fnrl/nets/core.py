@@ -1,0 +1,129 @@
+"""Torsos (MLP, Nature CNN, A3C conv) and the actor-critic network."""
+from __future__ import annotations
+
+import math
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def parameters(module: nn.Module) -> TensorDict:
+    """The module's parameters and buffers as a TensorDict of plain tensors (a copy)."""
+    return TensorDict.from_module(module).detach().clone()
+
+
+def call(module: nn.Module, params: TensorDict, *inputs):
+    """`module(*inputs)` with `params` in place of its own (free under torch.compile)."""
+    return torch.func.functional_call(module, params.flatten_keys(".").to_dict(), inputs)
+
+
+def layer_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+    """Orthogonal weights with `gain`, constant bias (the PPO implementation details)."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(in_dim: int, out_dim: int | None, hidden=(64, 64), activation: str = "tanh",
+        out_gain: float = 1.0) -> nn.Sequential:
+    """Linear-activation stack with orthogonal init; `out_dim=None` ends on the last hidden layer."""
+    act = _ACTIVATIONS[activation]
+    layers, d = [], in_dim
+    for h in hidden:
+        layers += [layer_init(nn.Linear(d, h)), act()]
+        d = h
+    if out_dim is not None:
+        layers.append(layer_init(nn.Linear(d, out_dim), out_gain))
+    return nn.Sequential(*layers)
+
+
+class NatureCNN(nn.Module):
+    """Mnih et al. (2015): 32x8x8/4, 64x4x4/2, 64x3x3/1, fc 512. uint8 [*, C, 84, 84] in, [*, 512] out."""
+
+    out_dim = 512
+
+    def __init__(self, in_channels: int = 4):
+        super().__init__()
+        self.net = nn.Sequential(
+            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+        )
+
+    def forward(self, x):
+        lead = x.shape[:-3]
+        y = self.net(x.reshape(-1, *x.shape[-3:]).float() / 255.0)
+        return y.reshape(*lead, self.out_dim)
+
+
+class A3CConv(nn.Module):
+    """The smaller conv of A3C / rlpyt: 16x8x8/4, 32x4x4/2, fc 256. uint8 [*, C, 84, 84] in."""
+
+    out_dim = 256
+
+    def __init__(self, in_channels: int = 4):
+        super().__init__()
+        self.net = nn.Sequential(
+            layer_init(nn.Conv2d(in_channels, 16, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(32 * 9 * 9, 256)), nn.ReLU(),
+        )
+
+    def forward(self, x):
+        lead = x.shape[:-3]
+        y = self.net(x.reshape(-1, *x.shape[-3:]).float() / 255.0)
+        return y.reshape(*lead, self.out_dim)
+
+
+class _Flatten(nn.Module):
+    """Flattens a vector observation's trailing dims (identity for [*, D])."""
+
+    def __init__(self, obs_shape):
+        super().__init__()
+        self.obs_ndim = len(obs_shape)
+
+    def forward(self, x):
+        return x.flatten(-self.obs_ndim) if self.obs_ndim != 1 else x
+
+
+def encoder(obs_shape, conv: str = "nature") -> tuple[nn.Module, int] | None:
+    """A conv torso for image observations ([C, H, W]); None for vector ones."""
+    if len(obs_shape) != 3:
+        return None
+    torso = {"nature": NatureCNN, "a3c": A3CConv}[conv](obs_shape[0])
+    return torso, torso.out_dim
+
+
+class ActorCritic(nn.Module):
+    """Policy and value heads; `forward(obs) -> (policy_out [*, A], value [*])`.
+
+    Vector observations: separate actor and critic MLPs (CleanRL's PPO). Image
+    observations: one shared conv torso with two linear heads. Discrete actions: the
+    policy output is logits; continuous: the Gaussian mean, with a state-independent
+    `log_std` parameter [A].
+    """
+
+    def __init__(self, obs_shape, action_dim: int, continuous: bool, hidden=(64, 64),
+                 activation: str = "tanh", conv: str = "nature", init_log_std: float = 0.0):
+        super().__init__()
+        image = encoder(obs_shape, conv)
+        if image is None:
+            self.torso = _Flatten(obs_shape)
+            d = int(torch.Size(obs_shape).numel())
+            self.actor = mlp(d, action_dim, hidden, activation, out_gain=0.01)
+            self.critic = mlp(d, 1, hidden, activation, out_gain=1.0)
+        else:
+            self.torso, d = image
+            self.actor = layer_init(nn.Linear(d, action_dim), 0.01)
+            self.critic = layer_init(nn.Linear(d, 1), 1.0)
+        self.continuous = continuous
+        if continuous:
+            self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+
+    def forward(self, obs):
+        h = self.torso(obs)
+        return self.actor(h), self.critic(h).squeeze(-1)

@@ -1,0 +1,78 @@
+"""The serial sampler: EnvPool in-process, the policy in the main process.
+
+It steps the env T times with the policy's `act`, writing every step into one
+preallocated [T, B] TensorDict (no allocation per step beyond what the env returns),
+and keeps the env's last observation and the policy's recurrent carry between calls.
+
+Rollout keys ([T, B] unless noted): `obs`, `next_obs` (views into one [T + 1, B]
+observation buffer, so `next_obs[t] is obs[t + 1]`), `action`, `reward`,
+`terminated`, `truncated`, `done`, `valid`, `episode_end`, `episode_return`,
+`episode_length` (see fnrl.envs.batched), and every extra that `act` returns
+(`logp`, `value`, ...).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from tensordict import TensorDict
+
+from fnrl.envs.batched import BatchedEnv
+
+_STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
+              "episode_length")
+
+
+def _buffer_like(x, T: int, device):
+    """A zeroed [T, *x.shape] buffer for a tensor or a TensorDict."""
+    if isinstance(x, TensorDict):
+        return x.unsqueeze(0).expand(T, *x.batch_size).to(device).clone().zero_()
+    return torch.zeros((T, *x.shape), dtype=x.dtype, device=device)
+
+
+class SerialSampler:
+    """Collect [T, B] rollouts with `act(state, obs, carry, explore) -> (action, extras, carry)`.
+
+    `extras` is a dict (or TensorDict) of [B, ...] tensors that the policy wants kept
+    (log-probs, values). `device` is where the policy runs and the rollout lives.
+    """
+
+    def __init__(self, env: BatchedEnv, act: Callable, horizon: int, device: str | torch.device = "cpu"):
+        self.env, self.act, self.horizon = env, act, horizon
+        self.device = torch.device(device)
+        self.rollout: TensorDict | None = None
+        self.carry = None
+        self._first_obs = env.reset()["obs"].to(self.device)
+
+    def _allocate(self, obs, action, extras, step):
+        T, B = self.horizon, self.env.num_envs
+        obs_buf = _buffer_like(obs, T + 1, self.device)
+        fields = {"obs": obs_buf[:-1], "next_obs": obs_buf[1:],
+                  "action": _buffer_like(action, T, self.device)}
+        fields.update({k: _buffer_like(step[k], T, self.device) for k in _STEP_KEYS})
+        fields.update({k: _buffer_like(v, T, self.device) for k, v in extras.items()})
+        self._obs_buf = obs_buf
+        self.rollout = TensorDict(fields, batch_size=[T, B], device=self.device)
+
+    def collect(self, state, explore: bool = True) -> TensorDict:
+        """Step the env `horizon` times; return the (reused) rollout TensorDict [T, B]."""
+        if self.rollout is None:
+            obs = self._first_obs
+        else:
+            self._obs_buf[0] = self._obs_buf[-1]
+            obs = self._obs_buf[0]
+        for t in range(self.horizon):
+            action, extras, self.carry = self.act(state, obs, self.carry, explore)
+            step = self.env.step(action.cpu()).to(self.device, non_blocking=True)
+            if self.rollout is None:
+                self._allocate(obs, action, extras, step)
+                self._obs_buf[0] = obs
+            ro = self.rollout
+            self._obs_buf[t + 1] = step["obs"]
+            ro["action"][t] = action
+            for k in _STEP_KEYS:
+                ro[k][t] = step[k]
+            for k, v in extras.items():
+                ro[k][t] = v
+            obs = self._obs_buf[t + 1]
+        return self.rollout

@@ -1,0 +1,324 @@
+"""Tests for fnrl.optim: hand-computed steps, step-for-step agreement with torch.optim on an
+MLP in float64, schedules, target updates, fixed state layout, vmap and one compiled step."""
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from fnrl.optim import (
+    adam,
+    adamw,
+    apply_updates,
+    chain,
+    clip_by_global_norm,
+    constant_schedule,
+    cosine_schedule,
+    global_norm,
+    hard_update,
+    linear_schedule,
+    polyak,
+    rmsprop,
+    sgd,
+)
+
+F64 = torch.float64
+STEPS = 100
+
+
+def td(**leaves) -> TensorDict:
+    return TensorDict({k: torch.as_tensor(v, dtype=F64) for k, v in leaves.items()}, batch_size=[])
+
+
+def assert_td_close(actual: TensorDict, expected: TensorDict, **kwargs) -> None:
+    torch.testing.assert_close(actual.flatten_keys(".").to_dict(), expected.flatten_keys(".").to_dict(), **kwargs)
+
+
+def run(tx, params, grads_per_step):
+    state = tx.init(params)
+    for grads in grads_per_step:
+        updates, state = tx.update(grads, state, params)
+        params = apply_updates(params, updates)
+    return params, state
+
+
+# ---------------------------------------------------------------------------
+# hand-computed steps
+# ---------------------------------------------------------------------------
+
+
+def test_sgd_momentum_hand_values():
+    params, grad = td(w=1.0), td(w=0.5)
+    # b1 = 0.5, b2 = 0.9 * 0.5 + 0.5 = 0.95; w = 1 - 0.1 * (0.5 + 0.95)
+    new, _ = run(sgd(0.1, momentum=0.9), params, [grad, grad])
+    torch.testing.assert_close(new["w"], torch.tensor(1.0 - 0.05 - 0.095, dtype=F64))
+    # nesterov: step 1 uses g + 0.9 b1 = 0.95
+    new, _ = run(sgd(0.1, momentum=0.9, nesterov=True), params, [grad])
+    torch.testing.assert_close(new["w"], torch.tensor(1.0 - 0.095, dtype=F64))
+
+
+def test_adam_first_step_is_lr_times_sign():
+    # after one step m_hat = g and v_hat = g^2, so the update is -lr * g / (|g| + eps)
+    new, state = run(adam(0.1), td(w=[1.0, 1.0]), [td(w=[2.0, -0.5])])
+    expected = [1 - 0.1 * 2 / (2 + 1e-8), 1 + 0.1 * 0.5 / (0.5 + 1e-8)]
+    torch.testing.assert_close(new["w"], torch.tensor(expected, dtype=F64))
+    torch.testing.assert_close(state["1", "exp_avg", "w"], torch.tensor([0.2, -0.05], dtype=F64))
+    torch.testing.assert_close(state["1", "exp_avg_sq", "w"], torch.tensor([0.004, 0.00025], dtype=F64))
+
+
+def test_rmsprop_first_step_hand_values():
+    # s = 0.01 * 2^2 = 0.04, update = -lr * 2 / (0.2 + eps)
+    new, _ = run(rmsprop(0.01), td(w=0.0), [td(w=2.0)])
+    torch.testing.assert_close(new["w"], torch.tensor(-0.01 * 2 / (0.2 + 1e-8), dtype=F64))
+    # centered: a = 0.02, s - a^2 = 0.0396
+    new, _ = run(rmsprop(0.01, centered=True), td(w=0.0), [td(w=2.0)])
+    torch.testing.assert_close(new["w"], torch.tensor(-0.01 * 2 / (math.sqrt(0.0396) + 1e-8), dtype=F64))
+
+
+def test_clip_by_global_norm_hand_values():
+    grads = TensorDict({"a": torch.tensor([3.0, 0.0], dtype=F64), "b": {"c": torch.tensor([4.0], dtype=F64)}}, [])
+    torch.testing.assert_close(global_norm(grads), torch.tensor(5.0, dtype=F64))
+    clip = clip_by_global_norm(1.0)
+    clipped, state = clip.update(grads, clip.init(grads))
+    scale = 1.0 / (5.0 + 1e-6)
+    torch.testing.assert_close(clipped["a"], torch.tensor([3 * scale, 0.0], dtype=F64))
+    torch.testing.assert_close(clipped["b", "c"], torch.tensor([4 * scale], dtype=F64))
+    unclipped, _ = clip_by_global_norm(10.0).update(grads, state)
+    assert_td_close(unclipped, grads, rtol=0, atol=0)
+
+
+def test_polyak_and_hard_update_hand_values():
+    target = TensorDict({"w": torch.tensor([0.0, 10.0]), "net": {"b": torch.tensor(4.0)}}, [])
+    online = TensorDict({"w": torch.tensor([1.0, 0.0]), "net": {"b": torch.tensor(0.0)}}, [])
+    new = polyak(target, online, 0.1)  # 0.9 * target + 0.1 * online
+    torch.testing.assert_close(new["w"], torch.tensor([0.1, 9.0]))
+    torch.testing.assert_close(new["net", "b"], torch.tensor(3.6))
+    assert target["w"][1] == 10.0, "polyak must not write into the target"
+    torch.testing.assert_close(polyak(target, online, torch.tensor(0.5))["w"], torch.tensor([0.5, 5.0]))
+    copied = hard_update(target, online)
+    assert_td_close(copied, online, rtol=0, atol=0)
+    assert copied["w"].data_ptr() != online["w"].data_ptr()
+
+
+def test_schedules_hand_values():
+    steps = torch.tensor([0, 5, 10, 15])
+    linear = linear_schedule(1.0, 0.2, 10)
+    torch.testing.assert_close(linear(steps), torch.tensor([1.0, 0.6, 0.2, 0.2], dtype=F64))
+    torch.testing.assert_close(linear(torch.tensor(5)), torch.tensor(0.6, dtype=F64))
+    # init * ((1 - alpha) * (1 + cos(pi * t / T)) / 2 + alpha) with init 2, alpha 0.1
+    cosine = cosine_schedule(2.0, 10, alpha=0.1)
+    torch.testing.assert_close(cosine(steps), torch.tensor([2.0, 1.1, 0.2, 0.2], dtype=F64))
+    at_2 = 2 * (0.9 * (1 + math.cos(0.2 * math.pi)) / 2 + 0.1)
+    torch.testing.assert_close(cosine(torch.tensor(2)), torch.tensor(at_2, dtype=F64))
+    torch.testing.assert_close(constant_schedule(0.3)(steps), torch.full((4,), 0.3, dtype=F64))
+
+
+def test_argument_errors():
+    params = td(w=1.0)
+    with pytest.raises(ValueError, match="params"):
+        adamw(0.1).update(params, adamw(0.1).init(params))
+    with pytest.raises(ValueError, match="nesterov"):
+        sgd(0.1, nesterov=True)
+    with pytest.raises(ValueError, match="steps"):
+        linear_schedule(1.0, 0.0, 0)
+
+
+# ---------------------------------------------------------------------------
+# step for step against torch.optim on an MLP
+# ---------------------------------------------------------------------------
+
+
+def make_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)).to(F64)
+
+
+def make_batches(steps: int):
+    generator = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(8, 4, generator=generator, dtype=F64), torch.randn(8, 3, generator=generator, dtype=F64))
+        for _ in range(steps)
+    ]
+
+
+def mlp_loss(net: nn.Module, params: TensorDict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    prediction = torch.func.functional_call(net, params.flatten_keys(".").to_dict(), (x,))
+    return (prediction - y).square().mean()
+
+
+def torch_trajectory(make_torch_opt, lr_lambda=None, clip=None):
+    net = make_mlp()
+    optimizer = make_torch_opt(net.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda else None
+    snapshots, clipped_steps = [], 0
+    for x, y in make_batches(STEPS):
+        optimizer.zero_grad()
+        (net(x) - y).square().mean().backward()
+        if clip is not None:
+            clipped_steps += int(torch.nn.utils.clip_grad_norm_(net.parameters(), clip) > clip)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        snapshots.append(TensorDict.from_module(net).detach().clone())
+    return snapshots, clipped_steps
+
+
+def functional_trajectory(tx):
+    net = make_mlp()
+    params = TensorDict.from_module(net).detach().clone()
+    state = tx.init(params)
+    grad_fn = torch.func.grad(lambda p, x, y: mlp_loss(net, p, x, y))
+    snapshots = []
+    for x, y in make_batches(STEPS):
+        updates, state = tx.update(grad_fn(params, x, y), state, params)
+        params = apply_updates(params, updates)
+        snapshots.append(params)
+    return snapshots
+
+
+def lr_lambda_of(schedule):
+    return lambda k: schedule(torch.tensor(k)).item()
+
+
+LINEAR = linear_schedule(1e-2, 1e-3, 60)
+COSINE = cosine_schedule(0.05, 80, alpha=0.1)
+
+# name -> (functional transformation, torch.optim constructor, LambdaLR lambda or None)
+MATCHES = {
+    "sgd": (sgd(0.05), lambda p: torch.optim.SGD(p, lr=0.05), None),
+    "sgd_momentum": (sgd(0.05, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), None),
+    "sgd_nesterov": (
+        sgd(0.05, momentum=0.9, nesterov=True),
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+        None,
+    ),
+    "adam": (adam(1e-2), lambda p: torch.optim.Adam(p, lr=1e-2), None),
+    "adam_betas_eps": (
+        adam(3e-3, b1=0.8, b2=0.99, eps=1e-5),
+        lambda p: torch.optim.Adam(p, lr=3e-3, betas=(0.8, 0.99), eps=1e-5),
+        None,
+    ),
+    "adam_l2": (adam(1e-2, weight_decay=0.1), lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1), None),
+    "adam_tensor_lr": (adam(torch.tensor(1e-2, dtype=F64)), lambda p: torch.optim.Adam(p, lr=1e-2), None),
+    "adamw": (adamw(1e-2, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1), None),
+    "rmsprop": (rmsprop(1e-3), lambda p: torch.optim.RMSprop(p, lr=1e-3), None),
+    "rmsprop_centered": (
+        rmsprop(1e-3, alpha=0.95, eps=1e-6, centered=True),
+        lambda p: torch.optim.RMSprop(p, lr=1e-3, alpha=0.95, eps=1e-6, centered=True),
+        None,
+    ),
+    "rmsprop_momentum": (
+        rmsprop(1e-3, momentum=0.9),
+        lambda p: torch.optim.RMSprop(p, lr=1e-3, momentum=0.9),
+        None,
+    ),
+    "rmsprop_centered_momentum": (
+        rmsprop(1e-3, centered=True, momentum=0.9),
+        lambda p: torch.optim.RMSprop(p, lr=1e-3, centered=True, momentum=0.9),
+        None,
+    ),
+    "adam_linear_schedule": (adam(LINEAR), lambda p: torch.optim.Adam(p, lr=1.0), lr_lambda_of(LINEAR)),
+    "sgd_cosine_schedule": (
+        sgd(COSINE, momentum=0.9),
+        lambda p: torch.optim.SGD(p, lr=1.0, momentum=0.9),
+        lr_lambda_of(COSINE),
+    ),
+    "adamw_cosine_schedule": (
+        adamw(COSINE, weight_decay=0.1),
+        lambda p: torch.optim.AdamW(p, lr=1.0, weight_decay=0.1),
+        lr_lambda_of(COSINE),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MATCHES))
+def test_matches_torch_optim_step_for_step(name):
+    tx, make_torch_opt, lr_lambda = MATCHES[name]
+    expected, _ = torch_trajectory(make_torch_opt, lr_lambda)
+    got = functional_trajectory(tx)
+    for step, (g, e) in enumerate(zip(got, expected)):
+        assert_td_close(g, e, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}, step {step + 1}: {m}")
+    assert not torch.allclose(got[-1]["0", "weight"], make_mlp()[0].weight), "parameters should have moved"
+
+
+def test_clip_then_adam_matches_clip_grad_norm_and_adam():
+    max_norm = 0.3
+    expected, clipped_steps = torch_trajectory(lambda p: torch.optim.Adam(p, lr=1e-2), clip=max_norm)
+    assert 0 < clipped_steps, "the clip should be active on some steps"
+    got = functional_trajectory(chain(clip_by_global_norm(max_norm), adam(1e-2)))
+    for g, e in zip(got, expected):
+        assert_td_close(g, e, rtol=1e-9, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# state layout, vmap
+# ---------------------------------------------------------------------------
+
+
+def layout(state: TensorDict) -> dict:
+    return {key: (tuple(value.shape), value.dtype) for key, value in state.flatten_keys(".").items()}
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw", "rmsprop_centered_momentum", "adam_linear_schedule"])
+def test_state_layout_is_fixed_and_steps_count(name):
+    tx = MATCHES[name][0]
+    net = make_mlp()
+    params = TensorDict.from_module(net).detach().clone()
+    grads = params.apply(torch.randn_like)
+    initial = tx.init(params)
+    state = initial
+    for _ in range(3):
+        _, state = tx.update(grads, state, params)
+    assert layout(state) == layout(initial)
+    counters = [value for key, value in state.flatten_keys(".").items() if key.endswith("step")]
+    assert counters and all(c.dtype == torch.int64 and c.ndim == 0 and c.item() == 3 for c in counters)
+    assert all(v.item() == 0 for k, v in initial.flatten_keys(".").items() if k.endswith("step"))
+
+
+def test_vmap_over_seeds_with_per_seed_learning_rate():
+    torch.manual_seed(2)
+    seeds = 3
+    params = TensorDict({"w": torch.randn(seeds, 5), "layer": {"b": torch.randn(seeds, 2)}}, batch_size=[seeds])
+    grads = [params.apply(torch.randn_like) for _ in range(3)]
+    lrs = torch.tensor([0.1, 0.01, 0.001])
+
+    def train(params, g0, g1, g2, lr):
+        return run(chain(clip_by_global_norm(1.0), adam(lr)), params, [g0, g1, g2])[0]
+
+    batched = torch.func.vmap(train)(params, *grads, lrs)
+    for seed in range(seeds):
+        expected = train(params[seed], *(g[seed] for g in grads), lrs[seed].item())
+        assert_td_close(batched[seed], expected)
+
+
+# ---------------------------------------------------------------------------
+# one compiled train step
+# ---------------------------------------------------------------------------
+
+
+def test_compiled_train_step_equals_eager_and_does_not_recompile():
+    net = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
+    tx = chain(clip_by_global_norm(0.5), adam(linear_schedule(3e-3, 1e-3, 4)))
+
+    def train_step(params, state, x, y):
+        grads, loss = torch.func.grad_and_value(lambda p: mlp_loss(net, p, x, y))(params)
+        updates, state = tx.update(grads, state, params)
+        return apply_updates(params, updates), state, loss
+
+    compiled = torch.compile(train_step, fullgraph=True)
+    torch.manual_seed(3)
+    batches = [(torch.randn(16, 4), torch.randn(16, 2)) for _ in range(5)]
+    params_eager = TensorDict.from_module(net).detach().clone()
+    params_compiled = params_eager.clone()
+    state_eager, state_compiled = tx.init(params_eager), tx.init(params_compiled)
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for i, (x, y) in enumerate(batches):
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            params_compiled, state_compiled, loss_compiled = compiled(params_compiled, state_compiled, x, y)
+        params_eager, state_eager, loss_eager = train_step(params_eager, state_eager, x, y)
+        torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-5, atol=1e-6)
+        assert_td_close(params_compiled, params_eager, rtol=1e-5, atol=1e-6)
+        assert_td_close(state_compiled, state_eager, rtol=1e-5, atol=1e-6)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
+    assert layout(state_compiled) == layout(tx.init(params_eager))
