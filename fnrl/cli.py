@@ -80,7 +80,7 @@ def _train(argv: list[str]) -> int:
         raise ConfigError(f"fnrl train needs an algorithm: one of {', '.join(algos.available())}")
     name = argv[0]
     config = algos.default_config(name)
-    parser = _OneLineParser(prog=f"fnrl train {name}", description=f"Train {name}.")
+    parser = _OneLineParser(prog=f"fnrl train {name}", description=f"Train {name}.", allow_abbrev=False)
     _add_config_fields(parser, config)
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument("--log-dir", default=None, help="the run's folder (default: runs/ALGO-ENV-sSEED-TIME)")

@@ -100,3 +100,35 @@ class Agent(NamedTuple):
     init: Callable
     act: Callable
     update: Callable
+
+
+def actor_critic_policy(spec: EnvSpec, hidden=(64, 64), activation: str = "tanh", conv: str = "nature",
+                        init_log_std: float = 0.0):
+    """The actor-critic network of A2C / PPO and its pure forward.
+
+    Returns `(build, policy)`: `build()` makes a freshly initialized `ActorCritic`, and
+    `policy(params, obs) -> (dist, value)` evaluates it functionally, with `dist` the
+    tuple that `action_dist(spec)`'s functions take.
+    """
+    from fnrl.nets import ActorCritic, call
+
+    def build():
+        return ActorCritic(spec.obs_shape, spec.action_dim, not spec.discrete, hidden, activation, conv,
+                           init_log_std)
+
+    net = build()
+
+    def policy(params, obs):
+        out, value = call(net, params, obs)
+        return ((out,) if spec.discrete else (out, params["log_std"].expand_as(out))), value
+
+    return build, policy
+
+
+def init_params(build: Callable, seed: int) -> TensorDict:
+    """Parameters of `build()` initialized from `seed`, leaving the global RNG untouched."""
+    from fnrl.nets import parameters
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return parameters(build())

@@ -20,10 +20,10 @@ import torch
 from tensordict import TensorDict
 
 from fnrl import losses, optim
-from fnrl.algos.common import Agent, action_dist, check_positive, gradient_step, masked_mean
+from fnrl.algos.common import (Agent, action_dist, actor_critic_policy, check_positive, gradient_step, init_params,
+                               masked_mean)
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
-from fnrl.nets import ActorCritic, call, parameters
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 from fnrl.returns import gae, reverse_linear_recurrence
 
@@ -137,24 +137,13 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
     lr = optim.linear_schedule(config.learning_rate, 0.0, grad_steps) if config.anneal_lr else config.learning_rate
     opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.adam(lr, eps=config.adam_eps))
 
-    def build():
-        return ActorCritic(spec.obs_shape, spec.action_dim, not spec.discrete, config.hidden, config.activation,
-                           config.conv, config.init_log_std)
-
-    net = build()
-
-    def policy(params, obs):
-        out, value = call(net, params, obs)
-        d = (out,) if spec.discrete else (out, params["log_std"].expand_as(out))
-        return d, value
+    build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv, config.init_log_std)
 
     def observe(state, obs):
         return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs
 
     def init(seed: int) -> TensorDict:
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            params = parameters(build())
+        params = init_params(build, seed)
         state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64)}
         if config.normalize_obs:
             state["obs_rms"] = rms_init(spec.obs_shape)

@@ -1,0 +1,116 @@
+"""Advantage actor-critic (A2C, the synchronous A3C of Mnih et al. 2016, arXiv:1602.01783).
+
+One gradient step per [T, B] rollout on
+    L = -log pi(a|s) A + c_v (G - V(s))^2 / 2 - c_e H(pi(.|s)),
+with A = GAE(lambda) (lambda = 1 gives rlpyt's n-step returns minus values) and
+G = A + V, bootstrapping from the final observation on truncation.
+
+    agent = a2c.make(a2c.Config(), env.spec)
+    state = agent.init(seed=0)
+    state, metrics = agent.update(state, rollout)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from fnrl import losses, optim
+from fnrl.algos.common import (Agent, action_dist, actor_critic_policy, check_positive, gradient_step, init_params,
+                               masked_mean)
+from fnrl.envs.spec import EnvSpec
+from fnrl.errors import ConfigError
+from fnrl.returns import gae
+
+KIND = "on_policy"
+
+
+@dataclass
+class Config:
+    """A2C settings (rlpyt's defaults: RMSprop 7e-4, 5-step rollouts; 16 envs here)."""
+
+    env_id: str = "CartPole-v1"
+    """environment id (EnvPool task or registered gymnasium env)"""
+    total_steps: int = 300_000
+    """total environment steps"""
+    num_envs: int = 16
+    """parallel environments B"""
+    num_steps: int = 5
+    """rollout length T"""
+    learning_rate: float = 7e-4
+    """RMSprop step size"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0"""
+    rms_alpha: float = 0.99
+    """RMSprop smoothing constant"""
+    rms_eps: float = 1e-5
+    """RMSprop epsilon"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 1.0
+    """GAE lambda (1.0 = n-step returns)"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    hidden: tuple[int, ...] = (64, 64)
+    """MLP hidden sizes"""
+    activation: str = "tanh"
+    """MLP activation: tanh or relu"""
+    conv: str = "a3c"
+    """conv torso for image observations: nature or a3c"""
+    init_log_std: float = 0.0
+    """initial log standard deviation of continuous actions"""
+
+
+def validate(config: Config, spec: EnvSpec | None = None) -> None:
+    check_positive(config, "total_steps", "num_envs", "num_steps", "learning_rate")
+    if config.activation not in ("tanh", "relu"):
+        raise ConfigError(f"--activation must be tanh or relu, got {config.activation!r}")
+    if config.conv not in ("nature", "a3c"):
+        raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+
+
+def make(config: Config, spec: EnvSpec) -> Agent:
+    validate(config, spec)
+    dist = action_dist(spec)
+    build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv, config.init_log_std)
+    updates = max(1, config.total_steps // (config.num_envs * config.num_steps))
+    lr = optim.linear_schedule(config.learning_rate, 0.0, updates) if config.anneal_lr else config.learning_rate
+    opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm),
+                      optim.rmsprop(lr, alpha=config.rms_alpha, eps=config.rms_eps))
+
+    def init(seed: int) -> TensorDict:
+        params = init_params(build, seed)
+        return TensorDict({"params": params, "opt_state": opt.init(params),
+                           "env_steps": torch.zeros((), dtype=torch.int64)}, batch_size=[])
+
+    def act(state, obs, carry, explore: bool = True):
+        d, value = policy(state["params"], obs)
+        action = dist.sample(*d) if explore else dist.mode(*d)
+        return action, {}, carry
+
+    def loss(params, rollout):
+        d, value = policy(params, rollout["obs"])
+        _, last_value = policy(params, rollout["next_obs"][-1])
+        next_value = torch.cat([value[1:], last_value[None]]).detach()
+        discount = config.gamma * (~rollout["terminated"]).to(value.dtype)
+        advantage = gae(rollout["reward"], value.detach(), next_value, discount, rollout["done"], config.gae_lambda)
+        valid = rollout["valid"]
+        pg = losses.policy_gradient_loss(dist.log_prob(*d, rollout["action"]), advantage)
+        v_loss = losses.squared_loss(value - (advantage + value.detach()))
+        entropy = dist.entropy(*d)
+        total = masked_mean(pg + config.vf_coef * v_loss - config.ent_coef * entropy, valid)
+        return total, {"loss/policy": masked_mean(pg, valid).detach(), "loss/value": masked_mean(v_loss, valid).detach(),
+                       "loss/entropy": masked_mean(entropy, valid).detach()}
+
+    def update(state: TensorDict, rollout: TensorDict):
+        params, opt_state, metrics = gradient_step(loss, state["params"], opt, state["opt_state"], rollout)
+        new_state = state.copy()
+        new_state["params"], new_state["opt_state"] = params, opt_state
+        return new_state, TensorDict(metrics, batch_size=[])
+
+    return Agent(init=init, act=act, update=update)

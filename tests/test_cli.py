@@ -1,0 +1,87 @@
+import csv
+import json
+
+import pytest
+import torch
+
+from fnrl import train as train_module
+from fnrl.cli import main
+from fnrl.train import TrainingError, load_checkpoint, train
+
+TINY = ["--total-steps", "512", "--num-envs", "4", "--num-steps", "32", "--update-epochs", "1", "--no-compile", "--quiet"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "nope"], "unknown algorithm 'nope'"),
+    (["train", "ppo", "--env", "CartPol-v1"], "unknown env id"),
+    (["train", "ppo", "--num-minibatches", "3"], "does not divide"),
+    (["train", "ppo", "--learning-rat", "1e-3"], "unrecognized arguments"),
+    (["train", "ppo", "--log-dir", "/nonexistent-parent/run"], "log dir parent"),
+    (["train", "dqn", "--env", "Pendulum-v1"], "discrete action space"),
+    (["eval", "/nonexistent/checkpoint.pt"], "no checkpoint"),
+    (["frobnicate"], "unknown command"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_train_writes_outputs_eval_and_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--log-dir", str(run), "--seed", "3", *TINY]) == 0
+    for name in ("progress.csv", "config.json", "checkpoint.pt", "curve.png"):
+        assert (run / name).exists(), name
+    assert list(run.glob("events.out.tfevents.*"))
+    rows = list(csv.DictReader(open(run / "progress.csv")))
+    for column in ("env_steps", "updates", "wall_s", "sps", "return_mean", "episodes", "loss/policy"):
+        assert column in rows[0]
+    assert json.loads((run / "config.json").read_text())["config"]["num_envs"] == 4
+    assert main(["eval", str(run), "--episodes", "3"]) == 0
+    assert "3 episodes" in capsys.readouterr().out
+
+    # a second run into the same folder must not clobber it; --resume continues it
+    assert main(["train", "ppo", "--log-dir", str(run), *TINY]) == 2
+    before = load_checkpoint(run)
+    assert before["counters"]["env_steps"] == 512
+    result = train("ppo", None, resume=run, quiet=True, compile=False, plot=False, tensorboard=False,
+                   log_interval=128)
+    assert result.history[-1]["env_steps"] == 512  # already complete: nothing more to do
+    # a checkpoint of another algorithm is refused
+    assert main(["train", "a2c", "--resume", str(run)]) == 2
+
+
+def test_nan_stops_training_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    real = train_module._make_agent
+    calls = {"n": 0}
+
+    def poisoned(module, config, spec, compile):
+        agent = real(module, config, spec, compile)
+
+        def update(state, batch):
+            state, metrics = agent.update(state, batch)
+            calls["n"] += 1
+            if calls["n"] >= 3:
+                metrics["loss"] = torch.tensor(float("nan"))
+            return state, metrics
+
+        return agent._replace(update=update)
+
+    monkeypatch.setattr(train_module, "_make_agent", poisoned)
+    from fnrl.algos import ppo
+
+    config = ppo.Config(total_steps=2048, num_envs=4, num_steps=32, update_epochs=1)
+    with pytest.raises(TrainingError, match="loss became nan by env step 384"):
+        train("ppo", config, log_dir=tmp_path / "run", quiet=True, compile=False, log_interval=128,
+              checkpoint_every=128, tensorboard=False)
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert ckpt["counters"]["env_steps"] == 256
+    assert all(torch.isfinite(x).all() for x in ckpt["state"]["params"].values(True, True))
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path, capsys):
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert main(["eval", str(tmp_path)]) == 2
+    torch.save({"weights": 1}, tmp_path / "checkpoint.pt")
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "not an fnrl checkpoint" in capsys.readouterr().err

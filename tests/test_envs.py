@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+from fnrl import envs
+from fnrl.errors import ConfigError
+from fnrl.returns import gae
+from fnrl.samplers import SerialSampler
+
+
+def zero_policy(state, obs, carry, explore):
+    return torch.zeros(obs.shape[0], dtype=torch.int64), {}, carry
+
+
+def collect(env_id, T=8, backend="gymnasium"):
+    env = envs.make(env_id, num_envs=1, seed=0, backend=backend)
+    return SerialSampler(env, zero_policy, T).collect(None)
+
+
+def test_terminated_episode_hand_built():
+    ro = collect("fnrltest/CountTerm-v0")
+    # steps: k=1,2,3(terminal) | reset step | 1,2,3(terminal) | reset step
+    assert ro["obs"][:, 0, 0].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert ro["next_obs"][:, 0, 0].tolist() == [1, 2, 3, 0, 1, 2, 3, 0]
+    assert ro["valid"][:, 0].tolist() == [True, True, True, False, True, True, True, False]
+    assert ro["terminated"][:, 0].tolist() == [False, False, True, False, False, False, True, False]
+    assert not ro["truncated"].any()
+    assert ro["reward"][:, 0].tolist() == pytest.approx([1.0, 1.1, 1.2, 0.0, 1.0, 1.1, 1.2, 0.0])
+    assert ro["episode_end"][:, 0].tolist() == [False, False, True, False, False, False, True, False]
+    assert ro["episode_return"][2, 0].item() == pytest.approx(3.3)
+    assert ro["episode_length"][6, 0].item() == 3
+
+
+def test_truncation_bootstraps_from_final_observation_termination_does_not():
+    gamma = 0.5
+    for env_id, terminal in (("fnrltest/CountTrunc-v0", False), ("fnrltest/CountTerm-v0", True)):
+        ro = collect(env_id)
+        assert ro["done"][2, 0] and ro["truncated"][2, 0] != terminal
+        assert ro["next_obs"][2, 0, 0] == 3.0  # the final observation, not the reset one
+        value = ro["obs"][..., 0]  # V(s) = k
+        next_value = ro["next_obs"][..., 0]
+        discount = gamma * (~ro["terminated"]).float()
+        adv = gae(ro["reward"], value, next_value, discount, ro["done"], 1.0)
+        target = adv + value
+        # last step of the episode: r = 1.2, bootstrap gamma * V(final obs = 3) unless terminal
+        assert target[2, 0].item() == pytest.approx(1.2 + (0.0 if terminal else gamma * 3.0))
+        # first step: 1.0 + .5 * 1.1 + .25 * (1.2 + .5 * 3 if truncated)
+        expected = 1.0 + 0.5 * 1.1 + 0.25 * 1.2 + (0.0 if terminal else 0.125 * 3.0)
+        assert target[0, 0].item() == pytest.approx(expected)
+
+
+def test_envpool_reset_step_and_truncation():
+    env = envs.make("CartPole-v1", num_envs=2, seed=0, max_episode_steps=5)
+    ro = SerialSampler(env, zero_policy, 12).collect(None)
+    trunc = ro["truncated"] & ~ro["terminated"]
+    t = int(torch.nonzero(ro["done"][:, 0])[0])
+    assert not ro["valid"][t + 1, 0] and ro["valid"][: t + 1, 0].all()
+    assert ro["reward"][t + 1, 0] == 0
+    if trunc[t, 0]:
+        assert ro["episode_length"][t, 0] == 5 and ro["episode_return"][t, 0] == 5
+    # obs[t + 1] is always next_obs[t]: the adaptor's contract across resets
+    assert torch.equal(ro["obs"][1:], ro["next_obs"][:-1])
+
+
+def test_spec_and_dtypes():
+    cheetah = envs.make("HalfCheetah-v4", num_envs=2, seed=0)
+    assert cheetah.spec.action_shape == (6,) and not cheetah.spec.discrete
+    out = cheetah.step(torch.zeros(2, 6))
+    assert out["obs"].dtype == torch.float32 and out["obs"].shape == (2, 17)  # float64 cast to float32
+    pong = envs.make("Pong-v5", num_envs=2, seed=0)
+    assert pong.spec.is_atari and pong.spec.num_actions == 6 and pong.spec.obs_shape == (4, 84, 84)
+    assert pong.reset()["obs"].dtype == torch.uint8
+
+
+def test_unknown_env_id_is_one_line():
+    with pytest.raises(ConfigError, match="unknown env id 'CartPol-v1'.*CartPole-v1"):
+        envs.make("CartPol-v1")
+
+
+def test_rollout_buffers_are_reused_and_carry_over():
+    env = envs.make("CartPole-v1", num_envs=3, seed=0)
+    sampler = SerialSampler(env, zero_policy, 4)
+    first = sampler.collect(None)
+    last = first["next_obs"][-1].clone()
+    ptr = first["reward"].data_ptr()
+    second = sampler.collect(None)
+    assert second["reward"].data_ptr() == ptr  # preallocated, written in place
+    assert torch.equal(second["obs"][0], last)  # the env carries on from where it stopped

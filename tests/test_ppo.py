@@ -1,0 +1,107 @@
+import dataclasses
+
+import pytest
+import torch
+
+from fnrl import envs
+from fnrl.algos import a2c, ppo
+from fnrl.errors import ConfigError
+from fnrl.samplers import SerialSampler
+
+SMALL = ppo.Config(num_envs=4, num_steps=16, update_epochs=2, num_minibatches=2, total_steps=10_000)
+
+
+def rollout_for(config, seed=0, collects=1):
+    env = envs.make(config.env_id, config.num_envs, seed=seed)
+    agent = ppo.make(config, env.spec)
+    state = agent.init(seed)
+    sampler = SerialSampler(env, agent.act, config.num_steps)
+    rollouts = [sampler.collect(state).clone() for _ in range(collects)]
+    return agent, state, env.spec, rollouts
+
+
+def assert_close_td(a, b, **kw):
+    for key, x in a.items(include_nested=True, leaves_only=True):
+        torch.testing.assert_close(x, b[key], **kw)
+
+
+def test_forward_return_matches_loop():
+    torch.manual_seed(0)
+    r = torch.randn(7, 3)
+    done = torch.rand(7, 3) < 0.3
+    carry = torch.randn(3)
+    ret, new_carry = ppo._forward_return(r, done, 0.9, carry)
+    expect, acc = [], carry.clone()
+    for t in range(7):
+        acc = r[t] + acc
+        expect.append(acc.clone())
+        acc = acc * 0.9 * (~done[t]).float()
+    torch.testing.assert_close(ret, torch.stack(expect))
+    torch.testing.assert_close(new_carry, acc)
+
+
+def test_update_improves_surrogate_and_masks_invalid_steps():
+    agent, state, spec, (ro,) = rollout_for(SMALL)
+    new_state, metrics = agent.update(state, ro)
+    assert torch.isfinite(metrics["loss"]) and 0 <= metrics["clipfrac"] <= 1
+    changed = [not torch.equal(a, b) for a, b in zip(state["params"].values(True, True), new_state["params"].values(True, True))]
+    assert all(changed)
+    # corrupting an invalid step's data must not change the update
+    ro2 = ro.clone()
+    ro2["valid"][3] = False
+    ro3 = ro2.clone()
+    ro3["reward"][3] = 1e6
+    ro3["action"][3] = 1 - ro3["action"][3]
+    ro3["logp"][3] = -50.0
+    ro3["done"][2] = True  # the step before a reset step is done, so the trace is cut there
+    ro2["done"][2] = True
+    torch.manual_seed(1)
+    s2, _ = agent.update(state, ro2)
+    torch.manual_seed(1)
+    s3, _ = agent.update(state, ro3)
+    assert_close_td(s2["params"], s3["params"])
+
+
+@pytest.mark.parametrize("overrides", [dict(penalty="kl"), dict(normalize_obs=True, normalize_reward=True, clip_vloss=True)])
+def test_options_run(overrides):
+    config = dataclasses.replace(SMALL, **overrides)
+    agent, state, _, (ro,) = rollout_for(config)
+    new_state, metrics = agent.update(state, ro)
+    assert all(torch.isfinite(v).all() for v in metrics.values())
+    if config.penalty == "kl":
+        assert new_state["kl_coef"] != state["kl_coef"] or metrics["kl_coef"] == state["kl_coef"]
+    if config.normalize_obs:
+        assert new_state["obs_rms", "count"] > state["obs_rms", "count"]
+        assert new_state["rew_rms", "count"] > state["rew_rms", "count"]
+
+
+def test_continuous_actions():
+    config = dataclasses.replace(SMALL, env_id="Pendulum-v1")
+    agent, state, spec, (ro,) = rollout_for(config)
+    assert ro["action"].shape == (16, 4, 1) and "log_std" in state["params"].keys()
+    new_state, metrics = agent.update(state, ro)
+    assert torch.isfinite(metrics["loss"])
+
+
+def test_compiled_update_equals_eager_and_does_not_recompile():
+    agent, state, spec, (ro1, ro2) = rollout_for(SMALL, collects=2)
+    compiled = ppo.make(SMALL, spec, compile=True)
+    torch.manual_seed(3)
+    eager_state, eager_m = agent.update(state, ro1)
+    torch.manual_seed(3)
+    comp_state, comp_m = compiled.update(state, ro1)
+    assert_close_td(eager_state["params"], comp_state["params"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(eager_m["loss"], comp_m["loss"], rtol=1e-4, atol=1e-5)
+    comp_state["env_steps"] += 64
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        comp_state, _ = compiled.update(comp_state, ro2)
+        compiled.update(comp_state, ro1)
+
+
+def test_bad_options_are_config_errors():
+    with pytest.raises(ConfigError, match="does not divide"):
+        ppo.validate(dataclasses.replace(SMALL, num_minibatches=3))
+    with pytest.raises(ConfigError, match="penalty"):
+        ppo.validate(dataclasses.replace(SMALL, penalty="both"))
+    with pytest.raises(ConfigError, match="positive"):
+        a2c.validate(a2c.Config(num_envs=0))
