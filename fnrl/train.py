@@ -91,11 +91,17 @@ def save_checkpoint(path: Path, payload: dict) -> None:
 
 
 def _make_agent(module, config, spec, compile: bool):
+    """`module.make(...)`, compiled: modules that sequence compiled pieces themselves take
+    `compile=`; otherwise the whole update is compiled here. On-policy acting is compiled
+    too (off-policy acting runs once per env step between updates, and stays eager)."""
     if "compile" in inspect.signature(module.make).parameters:
-        return module.make(config, spec, compile=compile)
-    agent = module.make(config, spec)
-    if compile:
-        agent = agent._replace(update=torch.compile(agent.update, fullgraph=True))
+        agent = module.make(config, spec, compile=compile)
+    else:
+        agent = module.make(config, spec)
+        if compile:
+            agent = agent._replace(update=torch.compile(agent.update, fullgraph=True))
+    if compile and module.KIND == "on_policy":
+        agent = agent._replace(act=torch.compile(agent.act, fullgraph=True))
     return agent
 
 

@@ -7,7 +7,7 @@ observation returned on a done step is the true final observation, so
 `next_obs[t] == obs[t + 1]` for every env and step, across episode ends and
 truncations alike, and truncated episodes can bootstrap from it.
 
-`step(action)` returns a TensorDict with batch size [B]:
+`step(action)` returns a dict of [B]-leading tensors (`step_td` wraps it in a TensorDict):
 
 | key | shape | meaning |
 |---|---|---|
@@ -79,7 +79,7 @@ class BatchedEnv:
         self._ep_length.zero_()
         return TensorDict({"obs": _obs_to_torch(obs)}, batch_size=[self.num_envs])
 
-    def step(self, action: torch.Tensor) -> TensorDict:
+    def step(self, action: torch.Tensor) -> dict:
         act = action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
         obs, reward, terminated, truncated, info = self.raw.step(act)
         terminated = torch.from_numpy(np.asarray(terminated, dtype=bool))
@@ -101,20 +101,21 @@ class BatchedEnv:
         self._ep_return.masked_fill_(episode_end, 0.0)
         self._ep_length.masked_fill_(episode_end, 0)
 
-        return TensorDict(
-            {
-                "obs": _obs_to_torch(obs),
-                "reward": reward,
-                "terminated": terminated,
-                "truncated": truncated,
-                "done": done,
-                "valid": valid,
-                "episode_end": episode_end,
-                "episode_return": episode_return,
-                "episode_length": episode_length,
-            },
-            batch_size=[self.num_envs],
-        )
+        return {
+            "obs": _obs_to_torch(obs),
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "done": done,
+            "valid": valid,
+            "episode_end": episode_end,
+            "episode_return": episode_return,
+            "episode_length": episode_length,
+        }
+
+    def step_td(self, action: torch.Tensor) -> TensorDict:
+        """`step` as a TensorDict with batch size [B]."""
+        return TensorDict(self.step(action), batch_size=[self.num_envs])
 
     def close(self) -> None:
         close = getattr(self.raw, "close", None)

@@ -53,6 +53,8 @@ class SerialSampler:
         fields.update({k: _buffer_like(v, T, self.device) for k, v in extras.items()})
         self._obs_buf = obs_buf
         self.rollout = TensorDict(fields, batch_size=[T, B], device=self.device)
+        # plain tensor handles for the per-step writes (TensorDict lookups cost more)
+        self._writes = {k: fields[k] for k in ("action", *_STEP_KEYS, *extras.keys())}
 
     def collect(self, state, explore: bool = True) -> TensorDict:
         """Step the env `horizon` times; return the (reused) rollout TensorDict [T, B]."""
@@ -63,16 +65,16 @@ class SerialSampler:
             obs = self._obs_buf[0]
         for t in range(self.horizon):
             action, extras, self.carry = self.act(state, obs, self.carry, explore)
-            step = self.env.step(action.cpu()).to(self.device, non_blocking=True)
+            step = self.env.step(action)
             if self.rollout is None:
                 self._allocate(obs, action, extras, step)
                 self._obs_buf[0] = obs
-            ro = self.rollout
             self._obs_buf[t + 1] = step["obs"]
-            ro["action"][t] = action
+            writes = self._writes
+            writes["action"][t] = action
             for k in _STEP_KEYS:
-                ro[k][t] = step[k]
+                writes[k][t] = step[k]
             for k, v in extras.items():
-                ro[k][t] = v
+                writes[k][t] = v
             obs = self._obs_buf[t + 1]
         return self.rollout
