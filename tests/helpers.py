@@ -32,3 +32,24 @@ def register_count_envs():
     if "fnrltest/CountTerm-v0" not in gym.registry:
         gym.register("fnrltest/CountTerm-v0", entry_point=CountEnv, kwargs={"terminate_at": 3})
         gym.register("fnrltest/CountTrunc-v0", entry_point=CountEnv, max_episode_steps=3)
+        gym.register("fnrltest/DictObs-v0", entry_point=DictObsEnv)
+
+
+class DictObsEnv(gym.Env):
+    """A Dict observation space: {"pos": [2], "flag": [1]}; terminates after 4 steps."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32),
+                                         "flag": gym.spaces.Box(0, 1, (1,), np.float32)})
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.k = 0
+        return self._obs(), {}
+
+    def _obs(self):
+        return {"pos": np.full(2, self.k / 10, np.float32), "flag": np.array([self.k % 2], np.float32)}
+
+    def step(self, action):
+        self.k += 1
+        return self._obs(), float(action), self.k >= 4, False, {}

@@ -85,3 +85,33 @@ def test_rollout_buffers_are_reused_and_carry_over():
     second = sampler.collect(None)
     assert second["reward"].data_ptr() == ptr  # preallocated, written in place
     assert torch.equal(second["obs"][0], last)  # the env carries on from where it stopped
+
+
+def test_dict_observations_become_nested_tensordicts_and_train():
+    from fnrl.algos import ppo
+
+    config = ppo.Config(env_id="fnrltest/DictObs-v0", num_envs=2, num_steps=6, update_epochs=1)
+    env = envs.make(config.env_id, config.num_envs, seed=0)
+    assert env.spec.obs_shape == {"pos": (2,), "flag": (1,)}
+    agent = ppo.make(config, env.spec)
+    state = agent.init(0)
+    ro = SerialSampler(env, agent.act, config.num_steps).collect(state)
+    assert ro["obs", "pos"].shape == (6, 2, 2) and ro["next_obs", "flag"].shape == (6, 2, 1)
+    assert ro["obs", "pos"][1:4, 0, 0].tolist() == pytest.approx([0.1, 0.2, 0.3])
+    assert not ro["valid"][4, 0]  # the reset step after the 4-step episode
+    state, metrics = agent.update(state, ro)
+    assert torch.isfinite(metrics["loss"])
+
+
+@pytest.mark.slow
+def test_ppo_runs_on_pong(tmp_path):
+    """Atari smoke test: a few PPO iterations with the Nature CNN on EnvPool's Pong-v5."""
+    from fnrl.algos import ppo
+    from fnrl.train import train
+
+    config = ppo.Config(env_id="Pong-v5", num_envs=4, num_steps=32, update_epochs=1, num_minibatches=2,
+                        total_steps=384, learning_rate=2.5e-4)
+    result = train("ppo", config, log_dir=tmp_path / "pong", quiet=True, compile=False, log_interval=128,
+                   tensorboard=False, plot=False)
+    assert result.history[-1]["env_steps"] == 384
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.history)

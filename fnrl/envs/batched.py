@@ -41,9 +41,10 @@ def _to_torch(x: np.ndarray) -> torch.Tensor:
     return t.float() if t.dtype == torch.float64 else t
 
 
-def _obs_to_torch(obs):
+def _obs_to_torch(obs, batch_size):
+    """numpy -> torch without copies; a dict observation becomes a nested TensorDict."""
     if isinstance(obs, dict):
-        return {k: _obs_to_torch(v) for k, v in obs.items()}
+        return TensorDict({k: _obs_to_torch(v, batch_size) for k, v in obs.items()}, batch_size=batch_size)
     return _to_torch(obs)
 
 
@@ -77,7 +78,7 @@ class BatchedEnv:
         self._prev_done.zero_()
         self._ep_return.zero_()
         self._ep_length.zero_()
-        return TensorDict({"obs": _obs_to_torch(obs)}, batch_size=[self.num_envs])
+        return TensorDict({"obs": _obs_to_torch(obs, [self.num_envs])}, batch_size=[self.num_envs])
 
     def step(self, action: torch.Tensor) -> dict:
         act = action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
@@ -102,7 +103,7 @@ class BatchedEnv:
         self._ep_length.masked_fill_(episode_end, 0)
 
         return {
-            "obs": _obs_to_torch(obs),
+            "obs": _obs_to_torch(obs, [self.num_envs]),
             "reward": reward,
             "terminated": terminated,
             "truncated": truncated,

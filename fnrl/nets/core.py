@@ -80,14 +80,17 @@ class A3CConv(nn.Module):
 
 
 class _Flatten(nn.Module):
-    """Flattens a vector observation's trailing dims (identity for [*, D])."""
+    """Flattens a vector observation's trailing dims into [*, D]; a dict observation
+    (a TensorDict) becomes the concatenation of its flattened entries in key order."""
 
     def __init__(self, obs_shape):
         super().__init__()
-        self.obs_ndim = len(obs_shape)
+        self.shapes = dict(sorted(obs_shape.items())) if isinstance(obs_shape, dict) else {None: obs_shape}
 
     def forward(self, x):
-        return x.flatten(-self.obs_ndim) if self.obs_ndim != 1 else x
+        parts = [(x if k is None else x[k]) for k in self.shapes]
+        flat = [p.flatten(-len(s)) if len(s) != 1 else p for p, s in zip(parts, self.shapes.values())]
+        return torch.cat([f.float() for f in flat], -1) if len(flat) > 1 else flat[0].float()
 
 
 def encoder(obs_shape, conv: str = "nature") -> tuple[nn.Module, int] | None:
@@ -110,10 +113,11 @@ class ActorCritic(nn.Module):
     def __init__(self, obs_shape, action_dim: int, continuous: bool, hidden=(64, 64),
                  activation: str = "tanh", conv: str = "nature", init_log_std: float = 0.0):
         super().__init__()
-        image = encoder(obs_shape, conv)
+        image = None if isinstance(obs_shape, dict) else encoder(obs_shape, conv)
         if image is None:
             self.torso = _Flatten(obs_shape)
-            d = int(torch.Size(obs_shape).numel())
+            shapes = obs_shape.values() if isinstance(obs_shape, dict) else [obs_shape]
+            d = sum(int(torch.Size(s).numel()) for s in shapes)
             self.actor = mlp(d, action_dim, hidden, activation, out_gain=0.01)
             self.critic = mlp(d, 1, hidden, activation, out_gain=1.0)
         else:
