@@ -40,8 +40,19 @@ def mlp(in_dim: int, out_dim: int | None, hidden=(64, 64), activation: str = "ta
     return nn.Sequential(*layers)
 
 
-class NatureCNN(nn.Module):
-    """Mnih et al. (2015): 32x8x8/4, 64x4x4/2, 64x3x3/1, fc 512. uint8 [*, C, 84, 84] in, [*, 512] out."""
+class _ConvTorso(nn.Module):
+    """A conv stack over uint8 frames [*, C, 84, 84] (scaled to [0, 1]) -> [*, out_dim]."""
+
+    out_dim: int
+
+    def forward(self, x):
+        lead = x.shape[:-3]
+        y = self.net(x.reshape(-1, *x.shape[-3:]).float() / 255.0)
+        return y.reshape(*lead, self.out_dim)
+
+
+class NatureCNN(_ConvTorso):
+    """Mnih et al. (2015): 32x8x8/4, 64x4x4/2, 64x3x3/1, fc 512."""
 
     out_dim = 512
 
@@ -54,14 +65,9 @@ class NatureCNN(nn.Module):
             nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
         )
 
-    def forward(self, x):
-        lead = x.shape[:-3]
-        y = self.net(x.reshape(-1, *x.shape[-3:]).float() / 255.0)
-        return y.reshape(*lead, self.out_dim)
 
-
-class A3CConv(nn.Module):
-    """The smaller conv of A3C / rlpyt: 16x8x8/4, 32x4x4/2, fc 256. uint8 [*, C, 84, 84] in."""
+class A3CConv(_ConvTorso):
+    """The smaller conv of A3C / rlpyt: 16x8x8/4, 32x4x4/2, fc 256."""
 
     out_dim = 256
 
@@ -72,11 +78,6 @@ class A3CConv(nn.Module):
             layer_init(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
             nn.Flatten(), layer_init(nn.Linear(32 * 9 * 9, 256)), nn.ReLU(),
         )
-
-    def forward(self, x):
-        lead = x.shape[:-3]
-        y = self.net(x.reshape(-1, *x.shape[-3:]).float() / 255.0)
-        return y.reshape(*lead, self.out_dim)
 
 
 class _Flatten(nn.Module):
