@@ -26,7 +26,7 @@ def rms_update(rms: TensorDict, x: torch.Tensor, mask: torch.Tensor | None = Non
     v' = (v n + v_b n_b + delta^2 n n_b / n') / n'.
     """
     x = x.to(rms["mean"].dtype)
-    w = torch.ones(x.shape[0], dtype=x.dtype) if mask is None else mask.to(x.dtype)
+    w = torch.ones(x.shape[0], dtype=x.dtype, device=x.device) if mask is None else mask.to(x.dtype)
     w = w.reshape(-1, *([1] * (x.ndim - 1)))
     n_b = w.sum().clamp(min=1.0)
     mean_b = (x * w).sum(0) / n_b

@@ -239,7 +239,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         new_state, flat, clip, explained_var = prepare(state, rollout)
         params, opt_state = state["params"], state["opt_state"]
         kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(())
-        perms = torch.rand(config.update_epochs, n).argsort(-1).view(-1, mb_size)
+        perms = torch.rand(config.update_epochs, n, device=flat.device).argsort(-1).view(-1, mb_size)
         history = []
         for index in perms:
             params, opt_state, m = minibatch_step(params, opt_state, flat, index, clip, kl_coef)

@@ -56,6 +56,7 @@ class SerialSampler:
         # plain tensor handles for the per-step writes (TensorDict lookups cost more)
         self._writes = {k: fields[k] for k in ("action", *_STEP_KEYS, *extras.keys())}
 
+    @torch.no_grad()
     def collect(self, state, explore: bool = True) -> TensorDict:
         """Step the env `horizon` times; return the (reused) rollout TensorDict [T, B]."""
         if self.rollout is None:
