@@ -1,0 +1,373 @@
+"""The DQN family as one algorithm with options (rlpyt's DQN line).
+
+- DQN (Mnih et al. 2015): Huber loss on the one-step TD error, a target network copied
+  every K updates, Adam or RMSprop, epsilon-greedy with a linear schedule;
+- Double DQN (van Hasselt et al. 2016, arXiv:1509.06461): `double_q=True`;
+- Dueling heads (Wang et al. 2016, arXiv:1511.06581): `dueling=True`;
+- n-step returns and prioritized replay (Schaul et al. 2016): `n_step`, `prioritized`
+  (the replay buffer computes the n-step return and bootstrap discount at sample time);
+- Categorical DQN, C51 (Bellemare et al. 2017, arXiv:1707.06887): `head="categorical"`;
+- "Rainbow minus noisy nets" (Hessel et al. 2018, arXiv:1710.02298): double + dueling +
+  C51 + n-step + prioritized by the KL loss, rlpyt's "ernbw";
+- QR-DQN (Dabney et al. 2018, arXiv:1710.10044): `head="quantile"`;
+- IQN (Dabney et al. 2018, arXiv:1806.06923): `head="iqn"`.
+
+    agent = dqn.make(dqn.Config(), env.spec)
+    state = agent.init(seed=0)
+    action, extras, carry = agent.act(state, obs, None, explore=True)
+    state, metrics = agent.update(state, batch)     # one gradient update on a replay sample
+
+The head decides what the network outputs per action ([*, A, K]: K = 1 Q-value, C51
+logits over atoms, or quantiles) and which loss is used; everything else (target
+network, double-Q action selection, importance weights, optimizer, target update,
+priorities) is shared. `update` is pure and compiles with `torch.compile(fullgraph=True)`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+from tensordict import TensorDict
+
+from fnrl import losses, optim
+from fnrl.algos.common import Agent, check_positive, gradient_step, require_discrete
+from fnrl.distributions import epsilon_greedy
+from fnrl.envs.spec import EnvSpec
+from fnrl.errors import ConfigError
+from fnrl.nets import call, parameters
+from fnrl.nets.q import QNetwork
+
+KIND = "off_policy"
+HEADS = ("q", "categorical", "quantile", "iqn")
+
+
+@dataclass
+class Config:
+    """DQN-family settings. Defaults: DQN that learns CartPole-v1 to 500 within 100k env
+    steps; `VARIANTS` holds CartPole settings of the other heads and
+    `experiments/dqn_atari.py` rlpyt's Atari settings."""
+
+    env_id: str = "CartPole-v1"
+    """environment id (EnvPool task or registered gymnasium env)"""
+    total_steps: int = 100_000
+    """total environment steps (all envs together)"""
+    num_envs: int = 4
+    """parallel environments B"""
+    num_steps: int = 4
+    """env steps per env between rounds of updates (rollout length T)"""
+    buffer_size: int = 50_000
+    """replay capacity in env steps (all envs together)"""
+    batch_size: int = 64
+    """replay sample size per gradient update"""
+    learning_starts: int = 1_000
+    """env steps before the first update (epsilon starts to decay here, as in rlpyt)"""
+    replay_ratio: float = 0.25
+    """gradient updates per env step (0.25: one update every 4 env steps)"""
+    n_step: int = 1
+    """n-step return length"""
+    gamma: float = 0.99
+    """discount factor"""
+    prioritized: bool = False
+    """prioritized replay (Schaul et al. 2016)"""
+    priority_alpha: float = 0.6
+    """priority exponent alpha"""
+    priority_beta: float = 0.4
+    """initial importance-weight exponent beta (annealed to 1 by the training loop)"""
+    optimizer: str = "adam"
+    """adam or rmsprop"""
+    learning_rate: float = 1e-3
+    """optimizer step size"""
+    optimizer_eps: float = 1e-8
+    """Adam / RMSprop epsilon (rlpyt: 0.01 / batch_size)"""
+    rmsprop_alpha: float = 0.95
+    """RMSprop squared-gradient decay"""
+    max_grad_norm: float = 10.0
+    """global gradient-norm clip (0 disables)"""
+    huber_delta: float = 1.0
+    """Huber threshold of the TD loss ("q" head; 0 gives the squared loss) and kappa of the quantile loss"""
+    target_update_interval: int = 250
+    """gradient updates between target-network updates"""
+    tau: float = 1.0
+    """target update weight: 1 copies the online network, < 1 is a Polyak average"""
+    double_q: bool = False
+    """select the bootstrap action with the online network (double DQN)"""
+    dueling: bool = False
+    """dueling value/advantage head"""
+    head: str = "q"
+    """q, categorical (C51), quantile (QR-DQN) or iqn"""
+    num_atoms: int = 51
+    """categorical head: atoms of the support"""
+    v_min: float = -10.0
+    """categorical head: smallest return of the support"""
+    v_max: float = 10.0
+    """categorical head: largest return of the support"""
+    num_quantiles: int = 200
+    """quantile head: number of fixed quantile fractions"""
+    num_tau_samples: int = 64
+    """iqn: fractions tau sampled for the online distribution (N)"""
+    num_tau_prime_samples: int = 64
+    """iqn: fractions tau' sampled for the target distribution (N')"""
+    num_quantile_samples: int = 32
+    """iqn: fractions sampled to estimate Q when choosing actions (K)"""
+    cosine_dim: int = 64
+    """iqn: cosine features of tau"""
+    eps_init: float = 1.0
+    """initial exploration epsilon"""
+    eps_final: float = 0.05
+    """final exploration epsilon (the largest final epsilon with eps_final_min)"""
+    eps_final_min: float | None = None
+    """if set, final epsilons are log-spaced over the envs from eps_final_min to eps_final (rlpyt's vector epsilon)"""
+    eps_steps: int = 20_000
+    """env step at which epsilon reaches its final value (linear from learning_starts)"""
+    eps_eval: float = 0.0
+    """epsilon of evaluation (explore=False) actions"""
+    hidden: tuple[int, ...] = (128, 128)
+    """MLP hidden sizes (vector observations)"""
+    activation: str = "relu"
+    """MLP activation: relu or tanh"""
+    conv: str = "nature"
+    """conv torso for image observations: nature or a3c"""
+
+
+VARIANTS: dict[str, dict] = {
+    "dqn": {},
+    "c51": dict(head="categorical", num_atoms=51, v_min=0.0, v_max=100.0),
+    "rainbow": dict(head="categorical", num_atoms=51, v_min=0.0, v_max=100.0, double_q=True, dueling=True,
+                    n_step=3, prioritized=True, priority_alpha=0.5, priority_beta=0.4),
+    "qrdqn": dict(head="quantile", num_quantiles=50),
+    "iqn": dict(head="iqn"),
+}
+"""Command-line name -> Config overrides, tuned for CartPole-v1 (Atari: experiments/dqn_atari.py)."""
+
+_NAMES = {"q": "dqn", "categorical": "c51", "quantile": "qrdqn", "iqn": "iqn"}
+
+
+def validate(config: Config, spec: EnvSpec | None = None) -> None:
+    """Raise ConfigError for settings that cannot work, before any training."""
+    check_positive(config, "total_steps", "num_envs", "num_steps", "buffer_size", "batch_size", "replay_ratio",
+                   "n_step", "learning_rate", "optimizer_eps", "target_update_interval", "tau", "num_atoms",
+                   "num_quantiles", "num_tau_samples", "num_tau_prime_samples", "num_quantile_samples",
+                   "cosine_dim")
+    if config.head not in HEADS:
+        raise ConfigError(f"--head must be one of {', '.join(HEADS)}, got {config.head!r}")
+    if config.optimizer not in ("adam", "rmsprop"):
+        raise ConfigError(f"--optimizer must be adam or rmsprop, got {config.optimizer!r}")
+    if config.activation not in ("relu", "tanh"):
+        raise ConfigError(f"--activation must be relu or tanh, got {config.activation!r}")
+    if config.conv not in ("nature", "a3c"):
+        raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+    if config.buffer_size < config.batch_size:
+        raise ConfigError(f"--buffer-size {config.buffer_size} is smaller than one batch "
+                          f"(--batch-size {config.batch_size}); raise the buffer size or lower the batch size")
+    rows = config.buffer_size // config.num_envs
+    if rows < config.num_steps + config.n_step:
+        raise ConfigError(f"the replay keeps {rows} steps per env (--buffer-size {config.buffer_size} / --num-envs "
+                          f"{config.num_envs}), fewer than a rollout of --num-steps {config.num_steps} plus "
+                          f"--n-step {config.n_step}; raise --buffer-size")
+    if config.n_step > config.total_steps // config.num_envs:
+        raise ConfigError(f"--n-step {config.n_step} is longer than the whole run of "
+                          f"{config.total_steps // config.num_envs} steps per env; lower --n-step")
+    if not 0.0 < config.gamma <= 1.0:
+        raise ConfigError(f"--gamma must be in (0, 1], got {config.gamma}")
+    if config.tau > 1.0:
+        raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
+    if config.huber_delta < 0 or (config.head != "q" and config.huber_delta == 0):
+        raise ConfigError(f"--huber-delta must be >= 0 (> 0 for quantile heads), got {config.huber_delta}")
+    if config.head == "categorical" and (config.num_atoms < 2 or config.v_min >= config.v_max):
+        raise ConfigError(f"the categorical head needs --num-atoms >= 2 and --v-min < --v-max, got "
+                          f"{config.num_atoms} atoms on [{config.v_min}, {config.v_max}]")
+    for name in ("eps_init", "eps_final", "eps_eval"):
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(config, name)}")
+    if config.eps_final_min is not None and not 0.0 < config.eps_final_min <= config.eps_final:
+        raise ConfigError(f"--eps-final-min must be in (0, eps_final={config.eps_final}], got {config.eps_final_min}")
+    if config.prioritized and not (config.priority_alpha >= 0 and 0 <= config.priority_beta <= 1):
+        raise ConfigError(f"prioritized replay needs --priority-alpha >= 0 and --priority-beta in [0, 1], got "
+                          f"{config.priority_alpha}, {config.priority_beta}")
+    if spec is not None:
+        require_discrete(_NAMES[config.head], spec)
+
+
+# ---------------------------------------------------------------------------
+# exploration
+# ---------------------------------------------------------------------------
+
+
+def final_epsilons(config: Config, num_envs: int) -> torch.Tensor:
+    """Final epsilon of each env [B]: eps_final, or (with eps_final_min) log-spaced from
+    eps_final_min to eps_final over the envs, as rlpyt's EpsilonGreedyAgent."""
+    if config.eps_final_min is None:
+        return torch.full((num_envs,), float(config.eps_final))
+    return torch.logspace(math.log10(config.eps_final_min), math.log10(config.eps_final), num_envs)
+
+
+def epsilon(config: Config, env_steps: torch.Tensor, num_envs: int) -> torch.Tensor:
+    """Exploration epsilon of each env [B] at `env_steps` (a 0-d tensor).
+
+    eps = eps_init + (eps_final_b - eps_init) * clamp((t - t0) / (t1 - t0), 0, 1),
+    t0 = learning_starts, t1 = max(eps_steps, t0 + 1): rlpyt's ramp, which holds
+    eps_init while the replay fills and reaches the final values at eps_steps.
+    """
+    t0 = config.learning_starts
+    t1 = max(config.eps_steps, t0 + 1)
+    progress = ((env_steps.to(torch.float32) - t0) / (t1 - t0)).clamp(0.0, 1.0)
+    final = final_epsilons(config, num_envs).to(progress.device)
+    return config.eps_init + (final - config.eps_init) * progress
+
+
+# ---------------------------------------------------------------------------
+# network outputs and the loss
+# ---------------------------------------------------------------------------
+
+
+def _at_action(x: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """x[n, action[n], :]: per-action outputs [N, A, K] -> [N, K]."""
+    index = action[:, None, None].expand(-1, 1, x.shape[-1])
+    return x.gather(1, index).squeeze(1)
+
+
+class Functions(NamedTuple):
+    """The pure pieces `make` assembles (exposed for tests and for new algorithms).
+
+    net: the QNetwork. outputs(params, obs, taus=None) -> [*, A, K] (IQN: taus [*, M] ->
+    [*, A, M]). q_values(params, obs) -> [*, A] (IQN: the mean over num_quantile_samples
+    sampled fractions). loss(params, target_params, batch) -> (scalar loss, metrics) with
+    metrics["td_abs"] [N], the priority signal: |TD| ("q"), KL(target || prediction)
+    ("categorical"), mean |quantile TD| ("quantile", "iqn").
+    """
+
+    net: QNetwork
+    outputs: Callable
+    q_values: Callable
+    loss: Callable
+
+
+def functions(config: Config, spec: EnvSpec) -> Functions:
+    """Build the network and its pure output, Q-value and loss functions for `config`."""
+    head = config.head
+    num_outputs = {"q": 1, "categorical": config.num_atoms, "quantile": config.num_quantiles, "iqn": 1}[head]
+    net = QNetwork(spec.obs_shape, spec.num_actions, head, num_outputs, config.dueling, config.hidden,
+                   config.activation, config.conv, config.cosine_dim)
+
+    def support(like):
+        return torch.linspace(config.v_min, config.v_max, config.num_atoms, dtype=like.dtype, device=like.device)
+
+    def outputs(params, obs, taus=None):
+        return call(net, params, obs) if taus is None else call(net, params, obs, taus)
+
+    def sample_taus(obs, num):
+        """IQN's quantile fractions tau ~ U(0, 1): [*, num] for obs [*, *obs_shape]."""
+        return torch.rand(*obs.shape[:obs.ndim - len(spec.obs_shape)], num, device=obs.device)
+
+    def mean_q(out):
+        """Expected return per action [*, A] from head outputs [*, A, K]."""
+        if head == "categorical":
+            return (torch.softmax(out, dim=-1) * support(out)).sum(-1)
+        return out.mean(-1)
+
+    def q_values(params, obs):
+        taus = sample_taus(obs, config.num_quantile_samples) if head == "iqn" else None
+        return mean_q(outputs(params, obs, taus))
+
+    def loss(params, target_params, batch):
+        obs, action, next_obs = batch["obs"], batch["action"], batch["next_obs"]
+        reward, discount = batch["reward"], batch["discount"]
+        iqn = head == "iqn"
+        taus = sample_taus(obs, config.num_tau_samples) if iqn else None
+        out = outputs(params, obs, taus)
+        target_next = outputs(target_params, next_obs, sample_taus(next_obs, config.num_tau_prime_samples)
+                              if iqn else None).detach()
+        # Q(s', .) of the network that selects the bootstrap action: online (double) or target
+        next_q_select = (q_values(params, next_obs) if config.double_q else mean_q(target_next)).detach()
+        next_action = next_q_select.argmax(-1)
+
+        if head == "q":
+            q, next_q = out.squeeze(-1), target_next.squeeze(-1)
+            td = losses.double_q_learning_td(q, action, reward, discount, next_q, next_q_select)
+            per_sample = losses.huber_loss(td, config.huber_delta) if config.huber_delta > 0 \
+                else losses.squared_loss(td)
+            td_abs = td.abs()
+        elif head == "categorical":
+            z = support(out)
+            target = losses.categorical_q_target(reward, discount, _at_action(torch.softmax(target_next, -1),
+                                                                               next_action), z)
+            per_sample = losses.categorical_cross_entropy(_at_action(out, action), target)
+            # KL(target || prediction) = cross-entropy - entropy(target): Rainbow's priority
+            td_abs = per_sample + torch.special.xlogy(target, target).sum(-1)
+        else:
+            pred = _at_action(out, action)
+            target = reward[:, None] + discount[:, None] * _at_action(target_next, next_action)
+            fractions = losses.quantile_midpoints(config.num_quantiles, pred.dtype, pred.device) \
+                if head == "quantile" else taus
+            per_sample = losses.quantile_huber_loss(pred, target, fractions, config.huber_delta)
+            td_abs = (target.unsqueeze(-2) - pred.unsqueeze(-1)).abs().mean((-2, -1))
+        total = (per_sample * batch["weight"]).mean()
+        q_taken = _at_action(mean_q(out.detach()).unsqueeze(-1), action).squeeze(-1)
+        return total, {"q_mean": q_taken.mean(), "td_abs": td_abs.detach()}
+
+    return Functions(net, outputs, q_values, loss)
+
+
+def _optimizer(config: Config):
+    if config.optimizer == "adam":
+        base = optim.adam(config.learning_rate, eps=config.optimizer_eps)
+    else:
+        base = optim.rmsprop(config.learning_rate, alpha=config.rmsprop_alpha, eps=config.optimizer_eps)
+    if config.max_grad_norm > 0:
+        return optim.chain(optim.clip_by_global_norm(config.max_grad_norm), base)
+    return base
+
+
+def target_update(config: Config, target: TensorDict, online: TensorDict, updates: torch.Tensor) -> TensorDict:
+    """Every `target_update_interval` updates: target <- (1 - tau) target + tau online
+    (tau = 1: an exact copy); otherwise target unchanged (exactly).
+
+    One Polyak step with weight tau * [updates % K == 0]: lerp returns its start exactly for
+    weight 0 and its end exactly for weight 1, so there is no Python branch on the counter.
+    `updates` counts the updates done, this one included.
+    """
+    due = ((updates % config.target_update_interval) == 0).to(torch.float32)
+    return optim.polyak(target, online, due * config.tau)
+
+
+def make(config: Config, spec: EnvSpec) -> Agent:
+    """Bind the DQN family to an environment: returns `Agent(init, act, update)` of pure functions."""
+    validate(config, spec)
+    fns = functions(config, spec)
+    opt = _optimizer(config)
+
+    def init(seed: int) -> TensorDict:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            params = parameters(functions(config, spec).net)
+        return TensorDict({
+            "params": params,
+            "target_params": params.clone(),
+            "opt_state": opt.init(params),
+            "env_steps": torch.zeros((), dtype=torch.int64),
+            "updates": torch.zeros((), dtype=torch.int64),
+        }, batch_size=[])
+
+    def act(state, obs, carry, explore: bool = True):
+        q = fns.q_values(state["params"], obs)
+        eps = epsilon(config, state["env_steps"], q.shape[0]) if explore else config.eps_eval
+        return epsilon_greedy(q, eps), {}, carry
+
+    def update(state: TensorDict, batch: TensorDict):
+        params, opt_state, metrics = gradient_step(fns.loss, state["params"], opt, state["opt_state"],
+                                                   state["target_params"], batch)
+        updates = state["updates"] + 1
+        new_state = state.copy()
+        new_state["params"], new_state["opt_state"], new_state["updates"] = params, opt_state, updates
+        new_state["target_params"] = target_update(config, state["target_params"], params, updates)
+        td_abs = metrics.pop("td_abs")
+        metrics["loss/q"] = metrics.pop("loss")
+        metrics["td_abs_mean"] = td_abs.mean()
+        metrics["epsilon"] = epsilon(config, state["env_steps"], config.num_envs).mean()
+        if config.prioritized:
+            metrics["priority"] = td_abs
+        return new_state, TensorDict(metrics, batch_size=[])
+
+    return Agent(init=init, act=act, update=update)

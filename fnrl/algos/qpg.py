@@ -1,0 +1,448 @@
+"""Q-value policy gradients for continuous control: DDPG, TD3, SAC, and a distributional critic.
+
+- DDPG (Lillicrap et al. 2016, arXiv:1509.02971): deterministic actor mu(s) in [-1, 1]
+  (tanh output), Gaussian exploration noise, critic Q(s, a), target actor and critic.
+- TD3 (Fujimoto et al. 2018, arXiv:1802.09477): twin critics with the clipped double-Q
+  target, target-policy smoothing noise, actor and target updates every `policy_delay`
+  critic updates.
+- SAC (Haarnoja et al. 2018, arXiv:1801.01290, arXiv:1812.05905): tanh-squashed Gaussian
+  policy, twin critics with the soft clipped double-Q target, automatic temperature with
+  target entropy -|A| (or a fixed alpha), reward scale.
+- Distributional critic (D4PG, Barth-Maron et al. 2018, arXiv:1804.08617) for DDPG/TD3:
+  each critic outputs a categorical distribution over `num_atoms` fixed atoms in
+  [v_min, v_max]; the target is the C51 projection of r + discount * z and the loss the
+  cross-entropy; the actor maximises the distribution's mean. With twin critics the target
+  distribution is, per sample, the one of the target critic with the lower mean.
+
+    agent = qpg.make(qpg.Config(algo="td3"), env.spec)
+    state = agent.init(seed=0)
+    action, extras, carry = agent.act(state, obs, None, explore=True)   # env units
+    state, metrics = agent.update(state, replay_sample)                  # one gradient update
+
+Twin critics are one stacked parameter TensorDict [K, ...] (K = 2, or 1 for DDPG) evaluated
+with `torch.func.vmap`; target networks are one TensorDict moved by one `polyak` call. The
+update (critic, actor, temperature, targets) is one pure function: the actor/target cadence
+is a 0/1 mask computed from the update counter tensor `state["updates"]`, so it compiles once.
+
+The policy works in [-1, 1]^D; `act` rescales to the env's bounds (`spec.action_low/high`, or
+[-action_scale, action_scale]) and the update maps replayed actions back. n-step returns and
+the bootstrap discount (0 only on termination, never on truncation) come from the replay.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from fnrl import losses, optim
+from fnrl.algos.common import Agent, check_positive, gradient_step, require_continuous
+from fnrl.distributions import tanh_normal_mode, tanh_normal_sample
+from fnrl.envs.spec import EnvSpec
+from fnrl.errors import ConfigError
+from fnrl.nets import call, mlp, parameters
+from fnrl.normalize import rms_init, rms_normalize, rms_update
+
+KIND = "off_policy"
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+"""Range of the SAC policy's log standard deviation (CleanRL's / SpinningUp's bounds)."""
+
+
+@dataclass
+class Config:
+    """DDPG / TD3 / SAC settings. Defaults learn Pendulum-v1 (SAC, TD3: mean return above -250
+    within 20k steps, DDPG within 30k) in a minute or two on two CPU cores: small networks and
+    one large-batch update every 4 env steps. `experiments/mujoco.py` holds CleanRL's MuJoCo
+    settings (256-256 networks, one update per env step)."""
+
+    env_id: str = "Pendulum-v1"
+    """environment id (EnvPool task or registered gymnasium env)"""
+    total_steps: int = 20_000
+    """total environment steps (all envs together)"""
+    num_envs: int = 8
+    """parallel environments B"""
+    num_steps: int = 1
+    """env steps per env per collect"""
+    buffer_size: int = 1_000_000
+    """replay capacity (transitions)"""
+    batch_size: int = 256
+    """replay sample size per gradient update"""
+    learning_starts: int = 1_000
+    """env steps of uniform random actions before the first update"""
+    replay_ratio: float = 0.25
+    """gradient updates per env step"""
+    n_step: int = 1
+    """n-step return length"""
+    gamma: float = 0.99
+    """discount factor"""
+    prioritized: bool = False
+    """prioritized replay (|TD error| priorities)"""
+    priority_alpha: float = 0.6
+    """priority exponent"""
+    priority_beta: float = 0.4
+    """initial importance-sampling exponent (annealed to 1 by the loop)"""
+    algo: str = "sac"
+    """ddpg, td3 or sac (set by the command name)"""
+    num_critics: int = 2
+    """critics K in the clipped double-Q minimum (2: TD3/SAC, 1: DDPG)"""
+    actor_lr: float = 1e-3
+    """actor Adam step size"""
+    critic_lr: float = 1e-3
+    """critic Adam step size"""
+    tau: float = 0.01
+    """polyak rate of the target networks"""
+    policy_delay: int = 1
+    """update the actor (and the targets) every this many critic updates (TD3's d)"""
+    exploration_noise: float = 0.1
+    """std of the Gaussian action noise of DDPG/TD3, in units of half the action range"""
+    policy_noise: float = 0.2
+    """std of TD3's target-policy smoothing noise (half-range units; 0 turns it off)"""
+    noise_clip: float = 0.5
+    """clip of TD3's target-policy smoothing noise"""
+    autotune: bool = True
+    """SAC: learn the temperature alpha towards target_entropy"""
+    alpha: float = 0.2
+    """SAC: the fixed temperature when autotune is off"""
+    alpha_init: float = 1.0
+    """SAC: the initial temperature when autotune is on"""
+    alpha_lr: float = 1e-3
+    """SAC: temperature Adam step size"""
+    target_entropy: Optional[float] = None
+    """SAC: target policy entropy (None: -|A|)"""
+    reward_scale: float = 1.0
+    """multiply rewards by this in the critic target"""
+    distributional: bool = False
+    """DDPG/TD3: categorical critic over a fixed support (D4PG)"""
+    num_atoms: int = 51
+    """atoms of the distributional critic"""
+    v_min: float = -150.0
+    """lowest atom (in scaled-reward return units)"""
+    v_max: float = 150.0
+    """highest atom"""
+    normalize_obs: bool = False
+    """running mean/std observation normalization (statistics of replayed observations)"""
+    action_scale: Optional[float] = None
+    """actions span [-action_scale, action_scale] (needed for envs with unbounded actions)"""
+    hidden: tuple[int, ...] = (64, 64)
+    """MLP hidden sizes of actor and critics"""
+
+
+VARIANTS: dict[str, dict] = {
+    "ddpg": {"algo": "ddpg", "num_critics": 1, "policy_noise": 0.0, "total_steps": 30_000},
+    "td3": {"algo": "td3", "num_critics": 2, "policy_delay": 2},
+    "sac": {"algo": "sac", "num_critics": 2},
+}
+
+
+def validate(config: Config, spec: EnvSpec | None = None) -> None:
+    """Raise ConfigError for settings that cannot work, before any training."""
+    name = config.algo
+    if name not in ("ddpg", "td3", "sac"):
+        raise ConfigError(f"--algo must be ddpg, td3 or sac, got {name!r}")
+    check_positive(config, "total_steps", "num_envs", "num_steps", "buffer_size", "batch_size", "n_step",
+                   "num_critics", "actor_lr", "critic_lr", "alpha_lr", "policy_delay", "reward_scale",
+                   "action_scale", "num_atoms")
+    if not 0.0 < config.tau <= 1.0:
+        raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
+    if not 0.0 <= config.gamma <= 1.0:
+        raise ConfigError(f"--gamma must be in [0, 1], got {config.gamma}")
+    if min(config.exploration_noise, config.policy_noise, config.noise_clip) < 0:
+        raise ConfigError("--exploration-noise, --policy-noise and --noise-clip must be >= 0")
+    if name == "sac" and not config.autotune and config.alpha < 0:
+        raise ConfigError(f"--alpha must be >= 0, got {config.alpha}")
+    if name == "sac" and config.autotune and config.alpha_init <= 0:
+        raise ConfigError(f"--alpha-init must be positive, got {config.alpha_init}")
+    if config.distributional:
+        if name == "sac":
+            raise ConfigError("--distributional is for ddpg and td3 (D4PG-style critic), not sac")
+        if config.num_atoms < 2 or not config.v_min < config.v_max:
+            raise ConfigError(f"the distributional critic needs --num-atoms >= 2 and --v-min < --v-max, got "
+                              f"{config.num_atoms}, {config.v_min}, {config.v_max}")
+    if spec is None:
+        return
+    require_continuous(name, spec)
+    if isinstance(spec.obs_shape, dict) or len(spec.obs_shape) != 1:
+        raise ConfigError(f"{name} takes vector observations, but {spec.env_id} has observations of shape "
+                          f"{spec.obs_shape}")
+    if config.action_scale is None and not (torch.isfinite(spec.action_low).all()
+                                            and torch.isfinite(spec.action_high).all()):
+        raise ConfigError(f"{spec.env_id} has unbounded actions (low {spec.action_low.tolist()}, high "
+                          f"{spec.action_high.tolist()}); give --action-scale S to act in [-S, S]")
+
+
+# ---------------------------------------------------------------------------
+# networks
+# ---------------------------------------------------------------------------
+
+
+class Critic(nn.Module):
+    """Q(s, a): an MLP on [obs, action] with `out` outputs (1: a value [*], else logits [*, out])."""
+
+    def __init__(self, obs_size: int, action_dim: int, hidden, out: int):
+        super().__init__()
+        self.body = mlp(obs_size + action_dim, out, hidden, "relu", out_gain=1.0)
+        self.scalar = out == 1
+
+    def forward(self, obs, action):
+        y = self.body(torch.cat([obs, action], dim=-1))
+        return y.squeeze(-1) if self.scalar else y
+
+
+class Networks(NamedTuple):
+    """The modules and the pure functions over their parameters.
+
+    init(seed) -> TensorDict {"actor": ..., "critic": stacked [K, ...]}
+    mode(actor_params, obs) -> action [N, D] in [-1, 1] (the deterministic / greedy action)
+    sample(actor_params, obs) -> (action [N, D] in (-1, 1), log pi [N])   (SAC only)
+    critics(critic_params [K], obs, action) -> [K, N] values, or [K, N, atoms] logits
+    """
+
+    actor: nn.Module
+    critic: nn.Module
+    init: Callable
+    mode: Callable
+    sample: Callable
+    critics: Callable
+
+
+def _log_std(raw: torch.Tensor) -> torch.Tensor:
+    """Squash an unbounded output into [LOG_STD_MIN, LOG_STD_MAX] with tanh."""
+    return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1.0)
+
+
+def networks(config: Config, spec: EnvSpec) -> Networks:
+    """Actor and K critics for `spec` (vector observations, D-dim continuous actions)."""
+    obs_size, d = spec.obs_size, spec.action_dim
+    stochastic = config.algo == "sac"
+    critic_out = config.num_atoms if config.distributional else 1
+
+    def build_actor():
+        return mlp(obs_size, 2 * d if stochastic else d, config.hidden, "relu", out_gain=0.01)
+
+    def build_critic():
+        return Critic(obs_size, d, config.hidden, critic_out)
+
+    actor, critic = build_actor(), build_critic()
+
+    def init(seed: int) -> TensorDict:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            actor_params = parameters(build_actor())
+            critic_params = torch.stack([parameters(build_critic()) for _ in range(config.num_critics)])
+        return TensorDict({"actor": actor_params, "critic": critic_params}, batch_size=[])
+
+    def gaussian(actor_params, obs):
+        mean, raw = call(actor, actor_params, obs).chunk(2, dim=-1)
+        return mean, _log_std(raw)
+
+    def mode(actor_params, obs):
+        if stochastic:
+            return tanh_normal_mode(gaussian(actor_params, obs)[0])
+        return torch.tanh(call(actor, actor_params, obs))
+
+    def sample(actor_params, obs):
+        return tanh_normal_sample(*gaussian(actor_params, obs))
+
+    def critics(critic_params, obs, action):
+        flat = critic_params.flatten_keys(".").to_dict()
+        return torch.func.vmap(lambda p: torch.func.functional_call(critic, p, (obs, action)))(flat)
+
+    return Networks(actor, critic, init, mode, sample, critics)
+
+
+# ---------------------------------------------------------------------------
+# pieces of the update
+# ---------------------------------------------------------------------------
+
+
+def _freeze(mask: torch.Tensor, new: TensorDict, old: TensorDict, group: str) -> TensorDict:
+    """`new`, except the leaves under a key named `group`, which stay `old` (bit-exact) unless
+    the 0-d bool `mask` is True. Works on parameters and on optimizer state alike."""
+    return new.apply(lambda key, n, o: torch.where(mask, n, o) if group in key else n, old,
+                     named=True, nested_keys=True)
+
+
+def scale_by_group_learning_rate(rates: dict[str, float]) -> optim.GradientTransformation:
+    """out[k] = -rates[k] * g[k] for each top-level group k of the parameters (stateless).
+
+    Lets one Adam (`chain(scale_by_adam(), scale_by_group_learning_rate(...))`) move actor,
+    critics and temperature with their own step sizes, as separate torch.optim.Adam's would.
+    """
+
+    def update(grads, state, params=None):
+        return TensorDict({k: grads.get(k).mul(-rates[k]) for k in grads.keys()}, batch_size=[]), state
+
+    return optim.GradientTransformation(lambda params: TensorDict({}, batch_size=[]), update)
+
+
+def _categorical_mean(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """E[Z] = sum_j softmax(logits)_j z_j; logits [..., M], support [M] -> [...]."""
+    return (torch.softmax(logits, dim=-1) * support.to(logits.device)).sum(-1)
+
+
+def _select_lowest_mean(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """Probabilities of the critic with the lowest mean, per sample: [K, N, M] -> [N, M]."""
+    probs = torch.softmax(logits, dim=-1)
+    k = _categorical_mean(logits, support).argmin(0)  # [N]
+    return probs.gather(0, k[None, :, None].expand(1, *probs.shape[1:])).squeeze(0)
+
+
+def make(config: Config, spec: EnvSpec) -> Agent:
+    """Bind DDPG / TD3 / SAC to an environment: returns `Agent(init, act, update)`."""
+    validate(config, spec)
+    nets = networks(config, spec)
+    sac = config.algo == "sac"
+    d = spec.action_dim
+    if config.action_scale is not None:
+        low, high = torch.full((d,), -float(config.action_scale)), torch.full((d,), float(config.action_scale))
+    else:
+        low, high = spec.action_low.float(), spec.action_high.float()
+    center, half = (high + low) / 2, (high - low) / 2
+    target_entropy = -float(d) if config.target_entropy is None else float(config.target_entropy)
+    support = torch.linspace(config.v_min, config.v_max, config.num_atoms) if config.distributional else None
+    target_keys = ("critic",) if sac else ("actor", "critic")
+    delayed = config.policy_delay > 1
+    rates = {"actor": config.actor_lr, "critic": config.critic_lr, "log_alpha": config.alpha_lr}
+    opt = optim.chain(optim.scale_by_adam(), scale_by_group_learning_rate(rates))
+
+    def to_env(a):
+        """[-1, 1] -> env units, clipped to the bounds."""
+        c, h = center.to(a.device), half.to(a.device)
+        return torch.minimum(torch.maximum(c + h * a, c - h), c + h)
+
+    def to_unit(a):
+        """env units -> [-1, 1]."""
+        return ((a - center.to(a.device)) / half.to(a.device)).clamp(-1.0, 1.0)
+
+    def observe(state, obs):
+        return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs
+
+    def temperature(params):
+        if not sac:
+            return 0.0
+        return params["log_alpha"][0].exp().detach() if config.autotune else config.alpha
+
+    def init(seed: int) -> TensorDict:
+        params = nets.init(seed)
+        if sac and config.autotune:
+            # shape [1], not 0-d: optim's float64 bias corrections would promote a 0-d float32 leaf
+            params["log_alpha"] = torch.full((1,), math.log(config.alpha_init))
+        state = {
+            "params": params,
+            "target": params.select(*target_keys).clone(),
+            "opt_state": opt.init(params),
+            "env_steps": torch.zeros((), dtype=torch.int64),
+            "updates": torch.zeros((), dtype=torch.int64),
+        }
+        if config.normalize_obs:
+            state["obs_rms"] = rms_init(spec.obs_shape)
+        return TensorDict(state, batch_size=[])
+
+    def act(state, obs, carry, explore: bool = True):
+        obs_n = observe(state, obs)
+        actor_params = state["params"]["actor"]
+        if not explore:
+            return to_env(nets.mode(actor_params, obs_n)), {}, carry
+        if sac:
+            a = nets.sample(actor_params, obs_n)[0]
+        else:
+            a = nets.mode(actor_params, obs_n)
+            a = (a + config.exploration_noise * torch.randn_like(a)).clamp(-1.0, 1.0)
+        warmup = state["env_steps"] < config.learning_starts
+        a = torch.where(warmup, 2.0 * torch.rand_like(a) - 1.0, a)
+        return to_env(a), {}, carry
+
+    def critic_target(params, target, next_obs, reward, discount, alpha):
+        """The detached bootstrap target: y [N] (scalar critics) or target probabilities [N, M]."""
+        if sac:
+            next_action, next_logp = nets.sample(params["actor"], next_obs)
+        else:
+            next_action = nets.mode(target["actor"], next_obs)
+            if config.algo == "td3" and config.policy_noise > 0:
+                next_action = losses.td3_target_action(next_action, config.policy_noise, config.noise_clip, -1.0, 1.0)
+            next_logp = None
+        next_q = nets.critics(target["critic"], next_obs, next_action)
+        if config.distributional:
+            z = support.to(next_q.device)
+            return losses.categorical_q_target(reward, discount, _select_lowest_mean(next_q, z), z)
+        return losses.twin_q_target(reward, discount, next_q[0], next_q[-1], next_logp, alpha)
+
+    def critic_loss(critic_params, obs, action, target, weight):
+        """Importance-weighted TD (or cross-entropy) loss summed over the K critics."""
+        q = nets.critics(critic_params, obs, action)  # [K, N] or [K, N, M]
+        if config.distributional:
+            per_critic = losses.categorical_cross_entropy(q, target.expand_as(q))
+            q_mean = _categorical_mean(q, support)
+            priority = per_critic.mean(0)
+        else:
+            per_critic = losses.squared_loss(target - q)
+            q_mean = q
+            priority = (target - q).abs().mean(0)
+        return (weight * per_critic.sum(0)).mean(), {"q_mean": q_mean.mean(), "priority": priority}
+
+    def actor_loss(actor_params, obs, critic_params, alpha):
+        """DPG loss -Q_1(s, mu(s)) (DDPG/TD3) or the SAC loss alpha log pi - min_k Q_k."""
+        if sac:
+            action, logp = nets.sample(actor_params, obs)
+            q = nets.critics(critic_params, obs, action).min(0).values
+            return losses.sac_actor_loss(logp, q, alpha).mean(), logp
+        q = call(nets.critic, critic_params[0], obs, nets.mode(actor_params, obs))
+        if config.distributional:
+            q = _categorical_mean(q, support)
+        return losses.dpg_loss(q).mean(), None
+
+    def loss(params, obs, action, target, weight, alpha):
+        """critic + actor (+ temperature) loss; each term moves only its own parameters."""
+        l_critic, metrics = critic_loss(params["critic"], obs, action, target, weight)
+        l_actor, logp = actor_loss(params["actor"], obs, params["critic"].detach(), alpha)
+        metrics = {k: v.detach() for k, v in metrics.items()}
+        metrics["loss/critic"], metrics["loss/actor"] = l_critic.detach(), l_actor.detach()
+        total = l_critic + l_actor
+        if sac:
+            metrics["entropy"] = -logp.detach().mean()
+        if sac and config.autotune:
+            l_alpha = losses.sac_temperature_loss(params["log_alpha"][0], logp, target_entropy).mean()
+            metrics["loss/alpha"] = l_alpha.detach()
+            total = total + l_alpha
+        return total, metrics
+
+    def update(state: TensorDict, batch: TensorDict):
+        """One gradient update of critics, actor (every policy_delay-th) and temperature, then targets.
+
+        One loss, one gradient, one Adam over {actor, critic, log_alpha} (own step sizes;
+        the actor's loss sees the critics before this step, as in rlpyt), one polyak step.
+        Off the policy_delay cadence a 0/1 mask keeps the actor, its Adam moments and the
+        targets exactly as they were (Adam's step count, shared, still advances).
+        """
+        params, target = state["params"], state["target"]
+        obs, next_obs = observe(state, batch["obs"]), observe(state, batch["next_obs"])
+        alpha = temperature(params)
+        y = critic_target(params, target, next_obs, config.reward_scale * batch["reward"], batch["discount"], alpha)
+        new_params, new_opt, m = gradient_step(loss, params, opt, state["opt_state"], obs,
+                                               to_unit(batch["action"]), y, batch["weight"], alpha)
+        if delayed:
+            on = (state["updates"] % config.policy_delay) == 0
+            new_params = _freeze(on, new_params, params, "actor")
+            new_opt = _freeze(on, new_opt, state["opt_state"], "actor")
+            tau = on.to(torch.float32) * config.tau
+        else:
+            tau = config.tau
+        new_state = state.copy()
+        new_state["params"], new_state["opt_state"] = new_params, new_opt
+        new_state["target"] = optim.polyak(target, new_params.select(*target_keys), tau)
+        new_state["updates"] = state["updates"] + 1
+        if config.normalize_obs:
+            new_state["obs_rms"] = rms_update(state["obs_rms"], batch["obs"])
+        priority = m.pop("priority")
+        del m["loss"]
+        if config.prioritized:
+            m["priority"] = priority
+        if sac:
+            m["alpha"] = torch.as_tensor(alpha, dtype=torch.float32)
+        return new_state, TensorDict(m, batch_size=[])
+
+    return Agent(init=init, act=act, update=update)
