@@ -33,6 +33,10 @@ from torch import nn
 from fnrl.distributions import categorical_entropy, categorical_log_prob
 from fnrl.optim import adam, apply_updates
 
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
+
 LR = 2.5e-4
 OUTPUT = Path(__file__).with_suffix(".md")
 
@@ -195,16 +199,6 @@ def bench(problem, rounds: int, calls_update: int, calls_step: int) -> list[dict
         dict(common, what=f"loss -> grad -> update (batch {batch_size})", compile_s=compile_step_s, **step_ms),
     ]
     return rows
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def markdown(rows: list[dict]) -> str:

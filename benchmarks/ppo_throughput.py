@@ -45,6 +45,10 @@ from fnrl.algos import ppo
 from fnrl.samplers import SerialSampler
 from fnrl.train import train
 
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
+
 OUTPUT = Path(__file__).with_suffix(".md")
 
 CARTPOLE = dict(env_id="CartPole-v1", total_steps=100_000, num_envs=4, num_steps=128, learning_rate=2.5e-4,
@@ -60,16 +64,6 @@ PEERS_SB3_PONG = "271-281"  # /work/shared/PEERS.md, SB3 PPO Pong 8 envs x 128, 
 # ---------------------------------------------------------------------------
 # machine
 # ---------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def load() -> str:

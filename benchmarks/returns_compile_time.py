@@ -21,6 +21,10 @@ import torch
 
 from fnrl.returns import gae, vtrace
 
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
+
 B = 8
 
 
@@ -69,16 +73,6 @@ def warm_up() -> None:
     """Pay Inductor's one-time start-up (imports, C++ toolchain probe) before measuring."""
     torch._dynamo.reset()
     torch.compile(lambda x: torch.cat([x[1:], x[:1]]) * 2, fullgraph=True)(torch.ones(3))
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:
