@@ -338,8 +338,12 @@ def rmsprop(
 
 
 def apply_updates(params: TensorDictBase, updates: TensorDictBase) -> TensorDictBase:
-    """New parameters params + updates (updates already hold the negative step)."""
-    return params.add(updates)
+    """New parameters params + updates (updates already hold the negative step).
+
+    Each parameter keeps its dtype: a 0-d float64 schedule value or bias correction must not
+    promote a 0-d float32 parameter (such as SAC's log-temperature) to float64.
+    """
+    return params.apply(lambda p, u: p + u.to(p.dtype), updates)
 
 
 def polyak(target: TensorDictBase, online: TensorDictBase, tau: float | torch.Tensor) -> TensorDictBase:

@@ -322,3 +322,18 @@ def test_compiled_train_step_equals_eager_and_does_not_recompile():
         assert_td_close(state_compiled, state_eager, rtol=1e-5, atol=1e-6)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 1
     assert layout(state_compiled) == layout(tx.init(params_eager))
+
+
+def test_zero_dim_parameters_keep_their_dtype():
+    from tensordict import TensorDict
+
+    from fnrl import optim
+
+    params = TensorDict({"log_alpha": torch.zeros((), dtype=torch.float32), "w": torch.zeros(3)}, batch_size=[])
+    opt = optim.adam(optim.linear_schedule(1e-2, 0.0, 10))
+    state = opt.init(params)
+    for _ in range(3):
+        grads = params.apply(torch.ones_like)
+        updates, state = opt.update(grads, state, params)
+        params = optim.apply_updates(params, updates)
+    assert params["log_alpha"].dtype == torch.float32 and params["log_alpha"].item() < 0
