@@ -1,7 +1,8 @@
 """The `fnrl` command: train, eval.
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
-                    [--device cpu|cuda] [--compile/--no-compile] [--resume DIR] [--FIELD V ...]
+                    [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
+                    [--stop-return R] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
@@ -17,7 +18,7 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet")
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -90,6 +91,8 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue the run in DIR from its checkpoint")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--stop-return", type=float, default=None, metavar="R",
+                        help="stop early once a log interval's mean episode return reaches R (default: never)")
     args = vars(parser.parse_args(argv[1:]))
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})

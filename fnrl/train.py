@@ -111,7 +111,8 @@ def _finite_metrics(metrics) -> dict:
 
 def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
           quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
-          threads: int | None = 1, tensorboard: bool = True, plot: bool = True) -> TrainResult:
+          threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
+          stop_return: float | None = None) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -119,6 +120,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     threads: torch intra-op threads (1 suits small networks on a few cores; None keeps
         torch's default).
     resume: a run folder; training continues from its checkpoint with its config.
+    stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value.
     """
     module = algos.load(name)
     if resume is not None:
@@ -188,6 +190,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     next_ckpt = counters["env_steps"] + checkpoint_every
     update_credit = 0.0
     metrics = {}
+    solved = False
     t_start = time.perf_counter() - counters["wall_s"]
     t_log, steps_log = time.perf_counter(), counters["env_steps"]
     try:
@@ -236,14 +239,17 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                        "episodes": len(ep_returns)}
                 row.update({k: v for k, v in scalars.items() if k != "priority"})
                 logger.log(row)
+                solved = stop_return is not None and row["return_mean"] >= stop_return
                 ep_returns = []
                 t_log, steps_log = now, counters["env_steps"]
                 if bar is not None:
                     bar.set_postfix(sps=f"{row['sps']:.0f}", ret=f"{last_return:.1f}")
-            if counters["env_steps"] >= next_ckpt or counters["env_steps"] >= config.total_steps:
+            if solved or counters["env_steps"] >= next_ckpt or counters["env_steps"] >= config.total_steps:
                 next_ckpt += checkpoint_every
                 check_finite()
                 checkpoint()
+            if solved:
+                break
     finally:
         if bar is not None:
             bar.close()
