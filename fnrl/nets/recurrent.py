@@ -20,6 +20,18 @@ The sampler (fnrl.samplers.serial) computes exactly this, stores it as
 Keeping the state through the reset step means the value of a truncated episode's
 final observation (its bootstrap value) is still computed from that episode's history.
 
+The protocol between a recurrent agent's `act` and the sampler:
+- `act(state, obs, carry, explore)` gets `carry=None` on the very first call (start from
+  the zero initial carry), afterwards the TensorDict [B] it returned last time plus a
+  `"reset"` [B] bool entry that the sampler sets; `act` zeroes the carry where it is True
+  (`reset_carry`) before stepping, and a missing `"reset"` means no reset.
+- `act` returns the carry after the step (the core's keys only) and, in
+  `extras["carry"]`, the carry the step actually started from (after its reset), so the
+  sampler stores it per step: `rollout["carry"]` [T, B] (a TensorDict). The carry a
+  segment starts from is `rollout["carry"][0]`; replaying any step t from
+  `rollout["carry"][t]` with `rollout["reset"][t:]` reproduces the sampler's states
+  exactly (the reset is idempotent).
+
     core = LSTMCore(input_size=64, hidden_size=128)
     params = fnrl.nets.parameters(core)                   # TensorDict
     carry = core.initial_carry([B])                       # {"h", "c"}: zeros [B, H]
