@@ -1,0 +1,139 @@
+"""Recurrent cores, the CartPoleNoVel env, the sampler's carry handling and recurrent PPO/A2C."""
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from fnrl.nets import parameters
+from fnrl.nets.recurrent import GRUCore, LSTMCore, reset_carry, step, unroll
+
+CORES = {"lstm": (LSTMCore, torch.nn.LSTM), "gru": (GRUCore, torch.nn.GRU)}
+
+
+def _core(kind, I=3, H=5, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    core = CORES[kind][0](I, H)
+    params = parameters(core).apply(lambda p: (p + 0.1 * torch.randn_like(p)).to(dtype))  # non-zero biases
+    return core, params
+
+
+def _random_carry(core, B, dtype=torch.float64):
+    return core.initial_carry([B], dtype=dtype).apply(lambda z: torch.randn_like(z))
+
+
+# ----- hand-computed examples ------------------------------------------------------------
+
+def test_zero_weights_hand_computed():
+    # all weights and biases zero: every gate pre-activation is 0, so sigmoid = 1/2, tanh = 0
+    # LSTM: c' = c/2, h' = tanh(c')/2.  GRU: n = 0, z = 1/2, h' = h/2.
+    for kind in CORES:
+        core = CORES[kind][0](1, 1)
+        params = parameters(core).apply(torch.zeros_like)
+        carry = core.initial_carry([1]).apply(torch.ones_like)
+        reset = torch.tensor([[False], [False], [True]])
+        y, out = unroll(core, params, torch.zeros(3, 1, 1), reset, carry)
+        if kind == "lstm":
+            # c: 1 -> .5 -> .25, reset -> 0;  h = tanh(c)/2
+            assert y[:, 0, 0].tolist() == pytest.approx([0.5 * math.tanh(0.5), 0.5 * math.tanh(0.25), 0.0])
+            assert out["c"].item() == 0.0
+        else:
+            # h: 1 -> .5 -> .25, reset -> 0 -> 0 (z h with h = 0)
+            assert y[:, 0, 0].tolist() == pytest.approx([0.5, 0.25, 0.0])
+        assert out["h"].item() == 0.0
+
+
+def test_reset_carry_zeroes_selected_rows():
+    carry = TensorDict({"h": torch.ones(3, 2), "c": torch.full((3, 2), 2.0)}, batch_size=[3])
+    out = reset_carry(carry, torch.tensor([False, True, False]))
+    assert out["h"].tolist() == [[1, 1], [0, 0], [1, 1]]
+    assert out["c"].tolist() == [[2, 2], [0, 0], [2, 2]]
+    assert carry["h"].sum() == 6  # input untouched
+
+
+# ----- references --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", list(CORES))
+def test_matches_torch_nn_step_for_step(kind):
+    core, params = _core(kind)
+    ref = CORES[kind][1](3, 5).double()
+    with torch.no_grad():
+        for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(ref, n + "_l0").copy_(params[n])
+    T, B = 7, 4
+    x = torch.randn(T, B, 3, dtype=torch.float64)
+    carry = _random_carry(core, B)
+    y, out = unroll(core, params, x, torch.zeros(T, B, dtype=torch.bool), carry)
+    if kind == "lstm":
+        y_ref, (h_ref, c_ref) = ref(x, (carry["h"][None], carry["c"][None]))
+        torch.testing.assert_close(out["c"], c_ref[0])
+    else:
+        y_ref, h_ref = ref(x, carry["h"][None])
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(out["h"], h_ref[0])
+    # step by step with `step` gives the same sequence
+    c = carry
+    for t in range(T):
+        y_t, c = step(core, params, x[t], torch.zeros(B, dtype=torch.bool), c)
+        torch.testing.assert_close(y_t, y_ref[t])
+
+
+@pytest.mark.parametrize("kind", list(CORES))
+def test_reset_inside_segment_equals_two_separate_unrolls(kind):
+    """An unroll over [episode-1 end, episode-2 start] equals two unrolls, the second from zeros."""
+    core, params = _core(kind)
+    T, B = 9, 3
+    x = torch.randn(T, B, 3, dtype=torch.float64)
+    carry = _random_carry(core, B)
+    starts = [4, 1, None]  # env 0: new episode at t=4; env 1 at t=1; env 2: none
+    reset = torch.zeros(T, B, dtype=torch.bool)
+    for b, s in enumerate(starts):
+        if s is not None:
+            reset[s, b] = True
+    y, out = unroll(core, params, x, reset, carry)
+    for b, s in enumerate(starts):
+        one = carry[b:b + 1]
+        no_reset = torch.zeros(T, 1, dtype=torch.bool)
+        if s is None:
+            y_ref, out_ref = unroll(core, params, x[:, b:b + 1], no_reset, one)
+        else:
+            y1, _ = unroll(core, params, x[:s, b:b + 1], no_reset[:s], one)
+            y2, out_ref = unroll(core, params, x[s:, b:b + 1], no_reset[s:], core.initial_carry([1], dtype=x.dtype))
+            y_ref = torch.cat([y1, y2])
+        torch.testing.assert_close(y[:, b:b + 1], y_ref)
+        torch.testing.assert_close(out[b:b + 1], out_ref)
+
+
+def test_gradient_does_not_flow_across_a_reset():
+    core, params = _core("lstm")
+    x = torch.randn(6, 1, 3, dtype=torch.float64, requires_grad=True)
+    reset = torch.zeros(6, 1, dtype=torch.bool)
+    reset[3] = True
+    y, _ = unroll(core, params, x, reset, core.initial_carry([1], dtype=x.dtype))
+    (g,) = torch.autograd.grad(y[3:].sum(), x)
+    assert g[:3].abs().max() == 0 and g[3:].abs().min() > 0
+
+
+def test_compiled_and_vmapped_unroll_equal_eager():
+    core, params = _core("lstm", dtype=torch.float32)
+    T, B, S = 5, 4, 3
+    x = torch.randn(T, B, 3)
+    reset = torch.rand(T, B) < 0.3
+    carry = _random_carry(core, B, torch.float32)
+
+    def f(params, x, reset, carry):
+        y, out = unroll(core, params, x, reset, carry)
+        return y, out
+
+    y, out = f(params, x, reset, carry)
+    y_c, out_c = torch.compile(f, fullgraph=True)(params, x, reset, carry)
+    torch.testing.assert_close(y_c, y)
+    torch.testing.assert_close(out_c, out)
+    # vmap over a leading axis of S parameter sets (e.g. seeds), shared inputs
+    stacked = torch.stack([params] + [params.apply(lambda p: p + 0.01 * torch.randn_like(p)) for _ in range(S - 1)])
+    y_v, out_v = torch.func.vmap(f, in_dims=(0, None, None, None))(stacked, x, reset, carry)
+    assert y_v.shape == (S, T, B, 5)
+    for s in range(S):
+        y_s, out_s = f(stacked[s], x, reset, carry)
+        torch.testing.assert_close(y_v[s], y_s)
+        torch.testing.assert_close(out_v[s], out_s)
