@@ -137,3 +137,24 @@ def test_compiled_and_vmapped_unroll_equal_eager():
         y_s, out_s = f(stacked[s], x, reset, carry)
         torch.testing.assert_close(y_v[s], y_s)
         torch.testing.assert_close(out_v[s], out_s)
+
+
+# ----- fnrl/CartPoleNoVel-v1 -----------------------------------------------------------------
+
+def test_cartpole_novel_drops_the_velocities():
+    from fnrl import envs
+
+    full = envs.make("CartPole-v1", num_envs=2, seed=3)
+    part = envs.make("fnrl/CartPoleNoVel-v1", num_envs=2, seed=3)
+    assert part.spec.obs_shape == (2,) and part.spec.env_id == "fnrl/CartPoleNoVel-v1"
+    assert part.spec.num_actions == 2 and part.spec.max_episode_steps == 500
+    o_full, o_part = full.reset()["obs"], part.reset()["obs"]
+    torch.testing.assert_close(o_part, o_full[:, [0, 2]])
+    for t in range(30):
+        a = torch.tensor([t % 2, (t // 3) % 2])
+        s_full, s_part = full.step(a), part.step(a)
+        torch.testing.assert_close(s_part["obs"], s_full["obs"][:, [0, 2]])
+        for k in ("reward", "done", "valid", "episode_return"):
+            assert torch.equal(s_part[k], s_full[k])
+    assert envs.env_spec("fnrl/CartPoleNoVel-v1").obs_shape == (2,)
+    full.close(), part.close()
