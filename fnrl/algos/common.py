@@ -132,3 +132,62 @@ def init_params(build: Callable, seed: int) -> TensorDict:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return parameters(build())
+
+
+class RecurrentActorCriticPolicy(NamedTuple):
+    """The recurrent actor-critic of A2C / PPO (`core="lstm"|"gru"`) as pure functions.
+
+    build() -> a freshly initialized `RecurrentActorCritic`.
+    unroll(params, obs [T, B, ...], reset [T, B], carry [B]) -> (dist, value [T, B], carry).
+    step(params, obs [B, ...], carry) -> (dist, value [B], carry_out, carry_in): one acting
+        step under the sampler's protocol (fnrl.nets.recurrent): `carry` is None (start
+        from zeros) or a TensorDict [B] with the core's keys and an optional "reset" [B];
+        `carry_in` is the state the step started from (after the reset), which the
+        agent returns as `extras["carry"]`.
+    rollout_unroll(params, obs_all [T + 1, B, ...], rollout) -> (dist, value [T + 1, B]):
+        the re-unroll of a [T, B] segment from `rollout["carry"][0]` with
+        `rollout["reset"]`, one step further onto the final next observation (whose reset
+        is `not valid[T - 1]`), so the last value is the bootstrap value.
+    """
+
+    build: Callable
+    unroll: Callable
+    step: Callable
+    rollout_unroll: Callable
+
+
+def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: int = 128, hidden=(64,),
+                                  activation: str = "tanh", conv: str = "nature",
+                                  init_log_std: float = 0.0) -> RecurrentActorCriticPolicy:
+    from fnrl.nets import RecurrentActorCritic, call
+    from fnrl.nets.recurrent import reset_carry
+
+    def build():
+        return RecurrentActorCritic(spec.obs_shape, spec.action_dim, not spec.discrete, core, core_size, hidden,
+                                    activation, conv, init_log_std)
+
+    net = build()
+    keys = net.core.carry_keys
+
+    def unroll(params, obs, reset, carry):
+        out, value, carry = call(net, params, obs, reset, carry)
+        return ((out,) if spec.discrete else (out, params["log_std"].expand_as(out))), value, carry
+
+    def step(params, obs, carry):
+        B = obs.shape[0]
+        if carry is None:
+            carry_in = net.initial_carry([B], device=obs.device)
+        elif "reset" in carry.keys():
+            carry_in = reset_carry(carry.select(*keys), carry["reset"])
+        else:
+            carry_in = carry.select(*keys)
+        no_reset = torch.zeros(1, B, dtype=torch.bool, device=obs.device)
+        d, value, carry_out = unroll(params, obs.unsqueeze(0), no_reset, carry_in)
+        return tuple(x.squeeze(0) for x in d), value.squeeze(0), carry_out, carry_in
+
+    def rollout_unroll(params, obs_all, rollout):
+        reset = torch.cat([rollout["reset"], ~rollout["valid"][-1:]])
+        d, value, _ = unroll(params, obs_all, reset, rollout["carry"][0])
+        return d, value
+
+    return RecurrentActorCriticPolicy(build, unroll, step, rollout_unroll)

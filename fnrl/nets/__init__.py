@@ -11,6 +11,7 @@ from fnrl.nets.core import (
     A3CConv,
     ActorCritic,
     NatureCNN,
+    RecurrentActorCritic,
     call,
     encoder,
     layer_init,
@@ -19,5 +20,5 @@ from fnrl.nets.core import (
 )
 from fnrl.nets.recurrent import GRUCore, LSTMCore, make_core, reset_carry, step, unroll
 
-__all__ = ["A3CConv", "ActorCritic", "NatureCNN", "call", "encoder", "layer_init", "mlp", "parameters",
+__all__ = ["A3CConv", "ActorCritic", "NatureCNN", "RecurrentActorCritic", "call", "encoder", "layer_init", "mlp", "parameters",
            "LSTMCore", "GRUCore", "make_core", "reset_carry", "step", "unroll"]

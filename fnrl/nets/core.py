@@ -132,3 +132,42 @@ class ActorCritic(nn.Module):
     def forward(self, obs):
         h = self.torso(obs)
         return self.actor(h), self.critic(h).squeeze(-1)
+
+
+class RecurrentActorCritic(nn.Module):
+    """torso -> recurrent core (LSTM / GRU) -> linear policy and value heads.
+
+    `forward(obs [T, B, *obs], reset [T, B] bool, carry [B]) -> (policy_out [T, B, A],
+    value [T, B], carry)`: the core is unrolled over T with the carry zeroed where
+    `reset` is True (fnrl.nets.recurrent). Vector observations go through an MLP torso
+    (`hidden`; empty for none), images through a conv torso; actor and critic share the
+    torso and the core (CleanRL's recurrent PPO). Continuous actions add a
+    state-independent `log_std` [A].
+    """
+
+    def __init__(self, obs_shape, action_dim: int, continuous: bool, core: str = "lstm", core_size: int = 128,
+                 hidden=(64,), activation: str = "tanh", conv: str = "nature", init_log_std: float = 0.0):
+        super().__init__()
+        from fnrl.nets.recurrent import make_core
+
+        image = None if isinstance(obs_shape, dict) else encoder(obs_shape, conv)
+        if image is None:
+            shapes = obs_shape.values() if isinstance(obs_shape, dict) else [obs_shape]
+            d = sum(int(torch.Size(s).numel()) for s in shapes)
+            self.torso = nn.Sequential(_Flatten(obs_shape), mlp(d, None, hidden, activation))
+            d = hidden[-1] if hidden else d
+        else:
+            self.torso, d = image
+        self.core = make_core(core, d, core_size)
+        self.actor = layer_init(nn.Linear(core_size, action_dim), 0.01)
+        self.critic = layer_init(nn.Linear(core_size, 1), 1.0)
+        self.continuous = continuous
+        if continuous:
+            self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+
+    def initial_carry(self, batch_shape, device=None):
+        return self.core.initial_carry(batch_shape, device=device)
+
+    def forward(self, obs, reset, carry):
+        y, carry = self.core(self.torso(obs), reset, carry)
+        return self.actor(y), self.critic(y).squeeze(-1), carry
