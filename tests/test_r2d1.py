@@ -205,7 +205,7 @@ def test_invalid_settings_raise_one_line_config_error(overrides, match):
 
 
 def test_compiled_update_equals_eager_and_does_not_recompile():
-    cfg = config(target_update_interval=2)
+    cfg = config(target_update_interval=2, burn_in=1, seq_len=4, n_step=1)   # short unrolls: compile in ~1 min
     agent = r2d1.make(cfg, SPEC)
     compiled = torch.compile(agent.update, fullgraph=True)
     eager_state = agent.init(0)

@@ -63,17 +63,17 @@ class Config:
     """env steps per env between rounds of updates (rollout length)"""
     buffer_size: int = 80_000
     """replay capacity in env steps (all envs together)"""
-    batch_size: int = 32
+    batch_size: int = 64
     """sequences per gradient update"""
     learning_starts: int = 2_000
     """env steps before the first update (epsilon starts to decay here)"""
-    replay_ratio: float = 0.02
+    replay_ratio: float = 0.01
     """gradient updates per env step (each update trains batch_size * seq_len steps)"""
-    burn_in: int = 10
+    burn_in: int = 8
     """rows per sequence that only warm the recurrent state up (no gradient)"""
-    seq_len: int = 20
+    seq_len: int = 16
     """trained rows per sequence"""
-    carry_interval: int = 10
+    carry_interval: int = 8
     """rows between stored recurrent states = between sequence starts"""
     n_step: int = 3
     """n-step return length"""
