@@ -194,7 +194,7 @@ def test_sampler_reset_mask_on_hand_built_episodes():
     assert ro2["reset"][:, 0].tolist() == [True, False, False, False, True, False, False, False]
     # the carry each step started from is zero exactly at episode starts
     # (zero biases and obs 0 keep it zero one step longer; from obs 1 on it is not)
-    h = ro["carry", "h"][:, 0]
+    h = ro["carry", "actor", "h"][:, 0]
     assert (h[ro["reset"][:, 0]] == 0).all() and (h[[2, 3, 6, 7]] != 0).all()
 
 

@@ -190,7 +190,7 @@ def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: 
                                     activation, conv, init_log_std)
 
     net = build()
-    keys = net.core.carry_keys
+    keys = net.carry_keys
 
     def unroll(params, obs, reset, carry):
         out, value, carry = call(net, params, obs, reset, carry)
