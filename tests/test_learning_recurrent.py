@@ -26,4 +26,4 @@ def test_recurrent_ppo_learns_cartpole_without_velocities_and_feed_forward_does_
     best = max(r["return_mean"] for r in recurrent.history[-5:])
     assert recurrent.return_mean >= 400 or best >= 450, [r["return_mean"] for r in recurrent.history[-10:]]
     feed_forward = _run(dataclasses.replace(NOVEL, core="none"))
-    assert feed_forward.return_mean < 200, feed_forward.return_mean
+    assert feed_forward.return_mean < 100, feed_forward.return_mean

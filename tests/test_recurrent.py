@@ -263,7 +263,7 @@ def test_recurrent_ppo_bad_options():
 
 
 def test_recurrent_ppo_compiled_equals_eager_and_does_not_recompile():
-    config = dataclasses.replace(RPPO, num_steps=4)
+    config = dataclasses.replace(RPPO, num_steps=3)
     agent, state, sampler = _recurrent_ppo(config)
     ro1, ro2 = sampler.collect(state).clone(), sampler.collect(state).clone()
     compiled = ppo.make(config, sampler.env.spec, compile=True)
@@ -273,6 +273,24 @@ def test_recurrent_ppo_compiled_equals_eager_and_does_not_recompile():
     comp_state, comp_m = compiled.update(state, ro1)
     torch.testing.assert_close(comp_state["params"], eager_state["params"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(comp_m["loss"], eager_m["loss"], rtol=1e-4, atol=1e-5)
-    comp_state["env_steps"] += 16
+    comp_state["env_steps"] += 12
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled.update(comp_state, ro2)
+
+
+def test_recurrent_a2c_update_runs_and_masks_invalid_steps():
+    from fnrl.algos import a2c
+
+    config = a2c.Config(env_id="fnrl/CartPoleNoVel-v1", num_envs=3, num_steps=5, core="gru", core_size=8, hidden=(8,))
+    env = envs.make(config.env_id, config.num_envs, seed=0)
+    agent = a2c.make(config, env.spec)
+    state = agent.init(0)
+    ro = SerialSampler(env, agent.act, config.num_steps).collect(state).clone()
+    assert ro["carry", "actor", "h"].shape == (5, 3, 8)
+    new_state, metrics = agent.update(state, ro)
+    assert all(torch.isfinite(v) for v in metrics.values())
+    ro["valid"][2] = False
+    ro["done"][1] = True
+    ro2 = ro.clone()
+    ro2["reward"][2], ro2["action"][2] = 1e6, 1 - ro2["action"][2]
+    torch.testing.assert_close(agent.update(state, ro)[0]["params"], agent.update(state, ro2)[0]["params"])
