@@ -205,11 +205,19 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                 state, metrics = agent.update(state, rollout)
                 counters["updates"] += 1
             else:
-                if replay_state is None:
-                    replay_state = _init_replay(config, rollout, env.spec, device)
-                from fnrl import replay
+                if getattr(module, "REPLAY", None) == "sequence":   # recurrent: sequence replay
+                    from fnrl.replay import sequence as replay
 
-                replay_state = replay.add(replay_state, rollout)
+                    data, priority = module.sequence_input(config, rollout)
+                    if replay_state is None:
+                        replay_state = _init_sequence_replay(config, data, env.spec, device)
+                    replay_state = replay.add(replay_state, data, priority)
+                else:
+                    from fnrl import replay
+
+                    if replay_state is None:
+                        replay_state = _init_replay(config, rollout, env.spec, device)
+                    replay_state = replay.add(replay_state, rollout)
                 if counters["env_steps"] >= config.learning_starts:
                     update_credit += steps_per_collect * config.replay_ratio
                     progress = counters["env_steps"] / config.total_steps
@@ -218,8 +226,8 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                         batch = replay.sample(replay_state, config.batch_size, beta=beta)
                         state, metrics = agent.update(state, batch)
                         if config.prioritized:
-                            replay_state = replay.update_priorities(replay_state, batch["index"],
-                                                                    metrics["priority"])
+                            index = batch["index"][0] if batch["index"].ndim == 2 else batch["index"]
+                            replay_state = replay.update_priorities(replay_state, index, metrics["priority"])
                         update_credit -= 1.0
                         counters["updates"] += 1
             if bar is not None:
@@ -266,6 +274,18 @@ def _init_replay(config, rollout, spec, device):
     return replay.init(rollout, config.buffer_size, n_step=config.n_step, gamma=config.gamma,
                        prioritized=config.prioritized, alpha=config.priority_alpha,
                        frame_dedup=spec.is_atari, device=device)
+
+
+def _init_sequence_replay(config, rollout, spec, device):
+    """Sequence replay for algorithms that declare `REPLAY = "sequence"` (R2D1): sequences of
+    burn_in + seq_len + n_step rows starting every carry_interval rows."""
+    from fnrl.replay import sequence
+
+    rows = config.buffer_size // config.num_envs // config.carry_interval * config.carry_interval
+    return sequence.init(rollout, rows * config.num_envs, burn_in=config.burn_in, seq_len=config.seq_len,
+                         n_step=config.n_step, carry_interval=config.carry_interval,
+                         prioritized=config.prioritized, alpha=config.priority_alpha,
+                         frame_dedup=spec.is_atari, device=device)
 
 
 def _from_json(d: dict) -> dict:

@@ -23,6 +23,7 @@ ALGOS: dict[str, str] = {
     "ddpg": "fnrl.algos.qpg",
     "td3": "fnrl.algos.qpg",
     "sac": "fnrl.algos.qpg",
+    "r2d1": "fnrl.algos.r2d1",
 }
 
 

@@ -3,7 +3,9 @@
 One gradient step per [T, B] rollout on
     L = -log pi(a|s) A + c_v (G - V(s))^2 / 2 - c_e H(pi(.|s)),
 with A = GAE(lambda) (lambda = 1 gives rlpyt's n-step returns minus values) and
-G = A + V, bootstrapping from the final observation on truncation.
+G = A + V, bootstrapping from the final observation on truncation. `core="lstm"|"gru"`
+makes the policy recurrent: the loss re-unrolls each [T, B] rollout from its stored
+initial state `rollout["carry"][0]` with the episode-start mask `rollout["reset"]`.
 
     agent = a2c.make(a2c.Config(), env.spec)
     state = agent.init(seed=0)
@@ -18,7 +20,7 @@ from tensordict import TensorDict
 
 from fnrl import losses, optim
 from fnrl.algos.common import (Agent, action_dist, actor_critic_policy, check_positive, gradient_step, init_params,
-                               masked_mean)
+                               masked_mean, recurrent_actor_critic_policy)
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.returns import gae
@@ -64,6 +66,10 @@ class Config:
     """conv torso for image observations: nature or a3c"""
     init_log_std: float = 0.0
     """initial log standard deviation of continuous actions"""
+    core: str = "none"
+    """recurrent core after the torso: none (feed-forward), lstm or gru"""
+    core_size: int = 128
+    """hidden size of the recurrent core"""
 
 
 def validate(config: Config, spec: EnvSpec | None = None) -> None:
@@ -72,12 +78,21 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
         raise ConfigError(f"--activation must be tanh or relu, got {config.activation!r}")
     if config.conv not in ("nature", "a3c"):
         raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+    if config.core not in ("none", "lstm", "gru"):
+        raise ConfigError(f"--core must be none, lstm or gru, got {config.core!r}")
 
 
 def make(config: Config, spec: EnvSpec) -> Agent:
     validate(config, spec)
     dist = action_dist(spec)
-    build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv, config.init_log_std)
+    recurrent = config.core != "none"
+    if recurrent:
+        rnn = recurrent_actor_critic_policy(spec, config.core, config.core_size, config.hidden, config.activation,
+                                            config.conv, config.init_log_std)
+        build = rnn.build
+    else:
+        build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv,
+                                            config.init_log_std)
     updates = max(1, config.total_steps // (config.num_envs * config.num_steps))
     lr = optim.linear_schedule(config.learning_rate, 0.0, updates) if config.anneal_lr else config.learning_rate
     opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm),
@@ -89,13 +104,21 @@ def make(config: Config, spec: EnvSpec) -> Agent:
                            "env_steps": torch.zeros((), dtype=torch.int64)}, batch_size=[])
 
     def act(state, obs, carry, explore: bool = True):
-        d, value = policy(state["params"], obs)
+        extras = {}
+        if recurrent:
+            d, _, carry, extras["carry"] = rnn.step(state["params"], obs, carry)
+        else:
+            d, _ = policy(state["params"], obs)
         action = dist.sample(*d) if explore else dist.mode(*d)
-        return action, {}, carry
+        return action, extras, carry
 
     def loss(params, rollout):
-        d, value = policy(params, rollout["obs"])
-        _, last_value = policy(params, rollout["next_obs"][-1])
+        if recurrent:  # re-unroll the segment from its stored initial state, one step past its end
+            d, value = rnn.rollout_unroll(params, torch.cat([rollout["obs"], rollout["next_obs"][-1:]]), rollout)
+            d, value, last_value = tuple(x[:-1] for x in d), value[:-1], value[-1]
+        else:
+            d, value = policy(params, rollout["obs"])
+            _, last_value = policy(params, rollout["next_obs"][-1])
         next_value = torch.cat([value[1:], last_value[None]]).detach()
         discount = config.gamma * (~rollout["terminated"]).to(value.dtype)
         advantage = gae(rollout["reward"], value.detach(), next_value, discount, rollout["done"], config.gae_lambda)

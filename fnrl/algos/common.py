@@ -61,9 +61,32 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
     `loss_fn(params, *args) -> (loss, metrics)`. Returns
     `(params, opt_state, metrics)` with `metrics["loss"]` added.
     """
-    grads, (loss, metrics) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, *args)
+    if _plain_eager():
+        grads, (loss, metrics) = _autograd_grad_and_value(loss_fn, params, *args)
+    else:
+        grads, (loss, metrics) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, *args)
     updates, opt_state = opt.update(grads, opt_state, params)
     return apply_updates(params, updates), opt_state, dict(metrics, loss=loss.detach())
+
+
+def _plain_eager() -> bool:
+    """True outside torch.compile and outside any torch.func transform (vmap, grad)."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
+
+
+def _autograd_grad_and_value(loss_fn: Callable, params: TensorDict, *args):
+    """`torch.func.grad_and_value(loss_fn, has_aux=True)` through plain autograd: the same
+    numbers, about 3x faster in eager mode for long op-by-op graphs (recurrent unrolls)."""
+    with torch.enable_grad():
+        leaves = params.apply(lambda p: p.detach().requires_grad_(p.is_floating_point()))
+        loss, metrics = loss_fn(leaves, *args)
+        keys = [k for k, p in leaves.items(include_nested=True, leaves_only=True) if p.requires_grad]
+        grads = torch.autograd.grad(loss, [leaves[k] for k in keys], allow_unused=True)
+    out = leaves.apply(lambda p: torch.zeros_like(p).detach())
+    for k, g in zip(keys, grads):
+        if g is not None:
+            out[k] = g
+    return out, (loss.detach(), metrics)
 
 
 def require_discrete(name: str, spec: EnvSpec) -> None:
@@ -132,3 +155,62 @@ def init_params(build: Callable, seed: int) -> TensorDict:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return parameters(build())
+
+
+class RecurrentActorCriticPolicy(NamedTuple):
+    """The recurrent actor-critic of A2C / PPO (`core="lstm"|"gru"`) as pure functions.
+
+    build() -> a freshly initialized `RecurrentActorCritic`.
+    unroll(params, obs [T, B, ...], reset [T, B], carry [B]) -> (dist, value [T, B], carry).
+    step(params, obs [B, ...], carry) -> (dist, value [B], carry_out, carry_in): one acting
+        step under the sampler's protocol (fnrl.nets.recurrent): `carry` is None (start
+        from zeros) or a TensorDict [B] with the core's keys and an optional "reset" [B];
+        `carry_in` is the state the step started from (after the reset), which the
+        agent returns as `extras["carry"]`.
+    rollout_unroll(params, obs_all [T + 1, B, ...], rollout) -> (dist, value [T + 1, B]):
+        the re-unroll of a [T, B] segment from `rollout["carry"][0]` with
+        `rollout["reset"]`, one step further onto the final next observation (whose reset
+        is `not valid[T - 1]`), so the last value is the bootstrap value.
+    """
+
+    build: Callable
+    unroll: Callable
+    step: Callable
+    rollout_unroll: Callable
+
+
+def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: int = 128, hidden=(64,),
+                                  activation: str = "tanh", conv: str = "nature",
+                                  init_log_std: float = 0.0) -> RecurrentActorCriticPolicy:
+    from fnrl.nets import RecurrentActorCritic, call
+    from fnrl.nets.recurrent import reset_carry
+
+    def build():
+        return RecurrentActorCritic(spec.obs_shape, spec.action_dim, not spec.discrete, core, core_size, hidden,
+                                    activation, conv, init_log_std)
+
+    net = build()
+    keys = net.carry_keys
+
+    def unroll(params, obs, reset, carry):
+        out, value, carry = call(net, params, obs, reset, carry)
+        return ((out,) if spec.discrete else (out, params["log_std"].expand_as(out))), value, carry
+
+    def step(params, obs, carry):
+        B = obs.shape[0]
+        if carry is None:
+            carry_in = net.initial_carry([B], device=obs.device)
+        elif "reset" in carry.keys():
+            carry_in = reset_carry(carry.select(*keys), carry["reset"])
+        else:
+            carry_in = carry.select(*keys)
+        no_reset = torch.zeros(1, B, dtype=torch.bool, device=obs.device)
+        d, value, carry_out = unroll(params, obs.unsqueeze(0), no_reset, carry_in)
+        return tuple(x.squeeze(0) for x in d), value.squeeze(0), carry_out, carry_in
+
+    def rollout_unroll(params, obs_all, rollout):
+        reset = torch.cat([rollout["reset"], ~rollout["valid"][-1:]])
+        d, value, _ = unroll(params, obs_all, reset, rollout["carry"][0])
+        return d, value
+
+    return RecurrentActorCriticPolicy(build, unroll, step, rollout_unroll)

@@ -5,6 +5,13 @@ normalization, linear learning-rate and clip annealing, gradient-norm clipping, 
 BatchPPO's running observation and reward normalization (Hafner et al. 2017).
 Discrete (categorical) and continuous (Gaussian, state-independent log-std) actions.
 
+Recurrent PPO (`core="lstm"` or `"gru"`): the policy carries an LSTM/GRU state
+(fnrl.nets.recurrent). The rollout records the state each step started from
+(`rollout["carry"]`) and the episode-start mask (`rollout["reset"]`); training
+re-unrolls every [T, b] minibatch from the segment's initial state
+`rollout["carry"][0]`, with the state zeroed inside the unroll where an episode starts,
+and minibatches split only the env dimension (whole sequences).
+
     agent = ppo.make(ppo.Config(), env.spec)
     state = agent.init(seed=0)
     action, extras, carry = agent.act(state, obs, None, explore=True)
@@ -21,7 +28,7 @@ from tensordict import TensorDict
 
 from fnrl import losses, optim
 from fnrl.algos.common import (Agent, action_dist, actor_critic_policy, check_positive, gradient_step, init_params,
-                               masked_mean)
+                               masked_mean, recurrent_actor_critic_policy)
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.normalize import rms_init, rms_normalize, rms_update
@@ -89,14 +96,25 @@ class Config:
     """conv torso for image observations: nature or a3c"""
     init_log_std: float = 0.0
     """initial log standard deviation of continuous actions"""
+    core: str = "none"
+    """recurrent core after the torso: none (feed-forward), lstm or gru"""
+    core_size: int = 128
+    """hidden size of the recurrent core"""
 
 
 def validate(config: Config, spec: EnvSpec | None = None) -> None:
     """Raise ConfigError for settings that cannot work, before any training."""
     check_positive(config, "total_steps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
                    "learning_rate")
+    if config.core not in ("none", "lstm", "gru"):
+        raise ConfigError(f"--core must be none, lstm or gru, got {config.core!r}")
     batch = config.num_envs * config.num_steps
-    if batch % config.num_minibatches:
+    if config.core != "none":
+        check_positive(config, "core_size")
+        if config.num_envs % config.num_minibatches:
+            raise ConfigError(f"--num-minibatches {config.num_minibatches} does not divide --num-envs "
+                              f"{config.num_envs}; recurrent minibatches split only the env dimension")
+    elif batch % config.num_minibatches:
         raise ConfigError(f"--num-minibatches {config.num_minibatches} does not divide the batch "
                           f"num_envs x num_steps = {batch}; pick a divisor of {batch}")
     if config.penalty not in ("clip", "kl"):
@@ -131,13 +149,28 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
     dist = action_dist(spec)
     T, B = config.num_steps, config.num_envs
     n = T * B
-    mb_size = n // config.num_minibatches
+    recurrent = config.core != "none"
+    # recurrent: minibatches are sets of whole env sequences [T, b]; else sets of steps [n / m]
+    mb_size = (B if recurrent else n) // config.num_minibatches
     iterations = max(1, config.total_steps // n)
     grad_steps = iterations * config.update_epochs * config.num_minibatches
     lr = optim.linear_schedule(config.learning_rate, 0.0, grad_steps) if config.anneal_lr else config.learning_rate
     opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.adam(lr, eps=config.adam_eps))
 
-    build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv, config.init_log_std)
+    if recurrent:
+        rnn = recurrent_actor_critic_policy(spec, config.core, config.core_size, config.hidden, config.activation,
+                                            config.conv, config.init_log_std)
+        build = rnn.build
+    else:
+        build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv,
+                                            config.init_log_std)
+
+    def forward(params, batch):
+        """(dist, value) of the policy on a training batch: [N] steps, or [T, b] sequences."""
+        if recurrent:
+            d, value, _ = rnn.unroll(params, batch["obs"], batch["reset"], batch["carry"][0])
+            return d, value
+        return policy(params, batch["obs"])
 
     def observe(state, obs):
         return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs
@@ -155,12 +188,16 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         return TensorDict(state, batch_size=[])
 
     def act(state, obs, carry, explore: bool = True):
-        d, value = policy(state["params"], observe(state, obs))
+        extras = {}
+        if recurrent:
+            d, value, carry, extras["carry"] = rnn.step(state["params"], observe(state, obs), carry)
+        else:
+            d, value = policy(state["params"], observe(state, obs))
         action = dist.sample(*d) if explore else dist.mode(*d)
-        return action, {"logp": dist.log_prob(*d, action), "value": value}, carry
+        return action, {"logp": dist.log_prob(*d, action), "value": value, **extras}, carry
 
     def loss(params, mb, clip, kl_coef):
-        d, value = policy(params, mb["obs"])
+        d, value = forward(params, mb)
         logp = dist.log_prob(*d, mb["action"])
         valid = mb["valid"]
         adv = mb["advantage"]
@@ -189,7 +226,8 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         }
 
     def prepare(state: TensorDict, rollout: TensorDict):
-        """Advantages, targets and normalizer updates: the [T*B] training batch."""
+        """Advantages, targets and normalizer updates: the training batch ([T*B] steps, or
+        [T, B] sequences for a recurrent policy)."""
         params = state["params"]
         new_state = state.copy()
         obs = observe(state, rollout["obs"])
@@ -202,17 +240,27 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         if config.normalize_obs:
             flat_obs = rollout["obs"].reshape(n, *rollout["obs"].shape[2:])
             new_state["obs_rms"] = rms_update(state["obs_rms"], flat_obs, rollout["valid"].reshape(n))
-        _, last_value = policy(params, observe(state, rollout["next_obs"][-1]))
         value = rollout["value"]
+        if recurrent:
+            obs_all = torch.cat([obs, observe(state, rollout["next_obs"][-1:])])
+            old_dist, value_all = rnn.rollout_unroll(params, obs_all, rollout)
+            old_dist, last_value = tuple(x[:-1] for x in old_dist), value_all[-1]
+        else:
+            _, last_value = policy(params, observe(state, rollout["next_obs"][-1]))
         next_value = torch.cat([value[1:], last_value[None]])
         discount = config.gamma * (~rollout["terminated"]).to(value.dtype)
         advantage = gae(reward, value, next_value, discount, rollout["done"], config.gae_lambda)
         batch = {"obs": obs, "action": rollout["action"], "logp": rollout["logp"], "value": value,
                  "advantage": advantage, "target": advantage + value, "valid": rollout["valid"]}
-        if config.penalty == "kl":
+        if recurrent:
+            batch.update(reset=rollout["reset"], carry=rollout["carry"])
+        elif config.penalty == "kl":
             old_dist, _ = policy(params, obs)
+        if config.penalty == "kl":
             batch.update({f"old_dist{i}": x for i, x in enumerate(old_dist)})
-        flat = TensorDict(batch, batch_size=[T, B]).reshape(n)
+        flat = TensorDict(batch, batch_size=[T, B])
+        if not recurrent:
+            flat = flat.reshape(n)
         progress = state["env_steps"].to(torch.float32) / config.total_steps
         clip = config.clip_coef * (1.0 - progress).clamp(min=0.0) if config.anneal_clip else torch.tensor(config.clip_coef)
         valid, target = flat["valid"], flat["target"]
@@ -221,11 +269,12 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         return new_state, flat, clip, explained_var
 
     def minibatch_step(params, opt_state, flat, index, clip, kl_coef):
-        return gradient_step(loss, params, opt, opt_state, flat[index], clip, kl_coef)
+        mb = flat[:, index] if recurrent else flat[index]
+        return gradient_step(loss, params, opt, opt_state, mb, clip, kl_coef)
 
     def kl_adapt(params, flat, kl_coef):
         """BatchPPO's penalty coefficient update from the KL between old and new policy."""
-        new_dist, _ = policy(params, flat["obs"])
+        new_dist, _ = forward(params, flat)
         old_dist = tuple(flat[f"old_dist{i}"] for i in range(len(new_dist)))
         kl = masked_mean(dist.kl(old_dist, new_dist), flat["valid"])
         return losses.adaptive_kl_coef(kl_coef, kl, config.kl_target)
@@ -239,7 +288,8 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         new_state, flat, clip, explained_var = prepare(state, rollout)
         params, opt_state = state["params"], state["opt_state"]
         kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(())
-        perms = torch.rand(config.update_epochs, n, device=flat.device).argsort(-1).view(-1, mb_size)
+        perms = torch.rand(config.update_epochs, B if recurrent else n, device=flat.device).argsort(-1)
+        perms = perms.view(-1, mb_size)
         history = []
         for index in perms:
             params, opt_state, m = minibatch_step(params, opt_state, flat, index, clip, kl_coef)

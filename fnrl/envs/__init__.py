@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from functools import lru_cache
 
@@ -19,7 +20,13 @@ from fnrl.envs.batched import BatchedEnv, _NUMPY_TO_TORCH
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 
-__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec"]
+__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS"]
+
+FNRL_ENVS: dict[str, tuple[str, tuple[int, ...]]] = {
+    # partially observed CartPole: [cart position, pole angle]; the velocities are dropped
+    "fnrl/CartPoleNoVel-v1": ("CartPole-v1", (0, 2)),
+}
+"""Env ids fnrl registers: id -> (base id, indices of the observation entries kept)."""
 
 
 @lru_cache(maxsize=1)
@@ -53,7 +60,7 @@ def _space_spec(obs_space, act_space):
 
 
 def _unknown(env_id: str) -> ConfigError:
-    known = sorted(set(_envpool_ids()) | set(gym.registry.keys()))
+    known = sorted(set(_envpool_ids()) | set(gym.registry.keys()) | set(FNRL_ENVS))
     close = difflib.get_close_matches(env_id, known, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return ConfigError(
@@ -75,6 +82,8 @@ def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, b
         raise ConfigError(f"unknown env backend {backend!r}: use auto, envpool or gymnasium")
     if num_envs < 1:
         raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
+    if env_id in FNRL_ENVS:
+        return _make_subset(env_id, num_envs, seed, train=train, backend=backend, **kwargs)
     if backend != "gymnasium" and env_id in _envpool_ids():
         import envpool
 
@@ -97,6 +106,15 @@ def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, b
                        **_space_spec(raw.single_observation_space, raw.single_action_space))
         return BatchedEnv(raw, spec, seed=seed)
     raise _unknown(env_id)
+
+
+def _make_subset(env_id: str, num_envs: int, seed: int, **kwargs) -> BatchedEnv:
+    """A registered fnrl env: its base env with only some observation entries kept."""
+    base_id, index = FNRL_ENVS[env_id]
+    env = make(base_id, num_envs, seed, **kwargs)
+    env._obs_index = torch.tensor(index)
+    env.spec = dataclasses.replace(env.spec, env_id=env_id, obs_shape=(len(index),))
+    return env
 
 
 def env_spec(env_id: str, num_envs: int = 1, **kwargs) -> EnvSpec:

@@ -56,8 +56,11 @@ class BatchedEnv:
     over whole games (EnvPool's `info["reward"]`, `info["terminated"]`).
     """
 
-    def __init__(self, raw_env, spec: EnvSpec, atari: bool = False, seed: int | None = None):
+    def __init__(self, raw_env, spec: EnvSpec, atari: bool = False, seed: int | None = None,
+                 obs_index: tuple[int, ...] | None = None):
         self.raw = raw_env
+        # keep only these entries of a vector observation (partially observed variants)
+        self._obs_index = None if obs_index is None else torch.tensor(obs_index)
         self._seed = seed
         self.spec = spec
         self.atari = atari
@@ -78,7 +81,11 @@ class BatchedEnv:
         self._prev_done.zero_()
         self._ep_return.zero_()
         self._ep_length.zero_()
-        return TensorDict({"obs": _obs_to_torch(obs, [self.num_envs])}, batch_size=[self.num_envs])
+        return TensorDict({"obs": self._obs(obs)}, batch_size=[self.num_envs])
+
+    def _obs(self, obs):
+        obs = _obs_to_torch(obs, [self.num_envs])
+        return obs if self._obs_index is None else obs.index_select(-1, self._obs_index)
 
     def step(self, action: torch.Tensor) -> dict:
         act = action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
@@ -103,7 +110,7 @@ class BatchedEnv:
         self._ep_length.masked_fill_(episode_end, 0)
 
         return {
-            "obs": _obs_to_torch(obs, [self.num_envs]),
+            "obs": self._obs(obs),
             "reward": reward,
             "terminated": terminated,
             "truncated": truncated,

@@ -54,6 +54,7 @@ exactly as EnvPool 1.2.5 builds them: see `fnrl.replay.frames`.
 """
 from fnrl.replay.buffer import (ReplayBuffer, ReplaySpec, add, can_sample, init, num_sampleable, sample,
                                 size, update_priorities)
+from fnrl.replay import sequence  # sequence replay for recurrent agents (R2D1): fnrl.replay.sequence
 
 __all__ = ["ReplayBuffer", "ReplaySpec", "init", "add", "sample", "update_priorities", "size",
-           "num_sampleable", "can_sample"]
+           "num_sampleable", "can_sample", "sequence"]

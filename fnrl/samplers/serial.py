@@ -9,6 +9,16 @@ observation buffer, so `next_obs[t] is obs[t + 1]`), `action`, `reward`,
 `terminated`, `truncated`, `done`, `valid`, `episode_end`, `episode_return`,
 `episode_length` (see fnrl.envs.batched), and every extra that `act` returns
 (`logp`, `value`, ...).
+
+Recurrent agents (see fnrl.nets.recurrent for the full protocol). An agent is recurrent
+when its `act`, first called with `carry=None`, returns a carry (a TensorDict [B]). The
+sampler then keeps that carry between steps and between `collect` calls and, before
+every call, sets `carry["reset"]` [B] bool: True where the observation is the first of
+an episode, i.e. where the previous step was the env's reset step
+(`reset[t] = not valid[t - 1]`; True at the very first step). `act` zeroes the carry
+there. The rollout also holds `reset` [T, B] and, from the agent's
+`extras["carry"]`, `carry` [T, B, ...]: the carry each step started from, so
+`rollout["carry"][0]` is the state a training unroll of the segment starts from.
 """
 from __future__ import annotations
 
@@ -42,19 +52,23 @@ class SerialSampler:
         self.device = torch.device(device)
         self.rollout: TensorDict | None = None
         self.carry = None
+        self._reset = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
         self._first_obs = env.reset()["obs"].to(self.device)
 
-    def _allocate(self, obs, action, extras, step):
+    def _allocate(self, obs, action, extras, step, recurrent: bool):
         T, B = self.horizon, self.env.num_envs
         obs_buf = _buffer_like(obs, T + 1, self.device)
         fields = {"obs": obs_buf[:-1], "next_obs": obs_buf[1:],
                   "action": _buffer_like(action, T, self.device)}
         fields.update({k: _buffer_like(step[k], T, self.device) for k in _STEP_KEYS})
         fields.update({k: _buffer_like(v, T, self.device) for k, v in extras.items()})
+        if recurrent:
+            fields["reset"] = _buffer_like(self._reset, T, self.device)
         self._obs_buf = obs_buf
         self.rollout = TensorDict(fields, batch_size=[T, B], device=self.device)
         # plain tensor handles for the per-step writes (TensorDict lookups cost more)
-        self._writes = {k: fields[k] for k in ("action", *_STEP_KEYS, *extras.keys())}
+        self._writes = {k: fields[k] for k in ("action", *_STEP_KEYS, *extras.keys(), *fields.keys() & {"reset"})}
+        self._recurrent = recurrent
 
     @torch.no_grad()
     def collect(self, state, explore: bool = True) -> TensorDict:
@@ -65,10 +79,15 @@ class SerialSampler:
             self._obs_buf[0] = self._obs_buf[-1]
             obs = self._obs_buf[0]
         for t in range(self.horizon):
-            action, extras, self.carry = self.act(state, obs, self.carry, explore)
+            reset, carry = self._reset, self.carry
+            if carry is not None:
+                carry = carry.clone(recurse=False)
+                carry["reset"] = reset
+            action, extras, self.carry = self.act(state, obs, carry, explore)
             step = self.env.step(action)
+            self._reset = ~step["valid"].to(self.device)
             if self.rollout is None:
-                self._allocate(obs, action, extras, step)
+                self._allocate(obs, action, extras, step, recurrent=self.carry is not None)
                 self._obs_buf[0] = obs
             self._obs_buf[t + 1] = step["obs"]
             writes = self._writes
@@ -77,5 +96,7 @@ class SerialSampler:
                 writes[k][t] = step[k]
             for k, v in extras.items():
                 writes[k][t] = v
+            if self._recurrent:
+                writes["reset"][t] = reset
             obs = self._obs_buf[t + 1]
         return self.rollout
