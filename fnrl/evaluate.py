@@ -14,6 +14,7 @@ def evaluate_state(name: str, config, state, episodes: int = 10, seed: int = 10_
 
     Eval envs are fresh (seed `seed`), with no Atari episodic life or reward clipping.
     Each env contributes its first finished episodes, so short episodes are not favoured.
+    Recurrent policies get their carry reset at episode starts, as in the sampler.
     """
     module = algos.load(name)
     n = num_envs or min(episodes, 8)
@@ -28,6 +29,8 @@ def evaluate_state(name: str, config, state, episodes: int = 10, seed: int = 10_
             action, _, carry = agent.act(state, obs, carry, False)
             out = env.step(action)
             obs = out["obs"]
+            if carry is not None:  # recurrent: a new episode starts after EnvPool's reset step
+                carry["reset"] = ~out["valid"]
             for i in torch.nonzero(out["episode_end"]).flatten().tolist():
                 if len(found[i]) < per_env:
                     found[i].append(float(out["episode_return"][i]))

@@ -19,7 +19,7 @@ def test_r2d1_learns_cartpole(tmp_path):
     steps, threshold = 60_000, 400.0
     config = dataclasses.replace(r2d1.Config(), total_steps=steps)
     result = train("r2d1", config, seed=0, log_dir=tmp_path / "run", compile=False, quiet=True, log_interval=2_000,
-                   tensorboard=False, plot=False)
+                   tensorboard=False, plot=False, stop_return=threshold)
     curve = [(row["env_steps"], round(row["return_mean"])) for row in result.history
              if math.isfinite(row["return_mean"])]
     assert result.history[-1]["env_steps"] <= steps + config.num_envs * config.num_steps

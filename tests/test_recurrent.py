@@ -294,3 +294,30 @@ def test_recurrent_a2c_update_runs_and_masks_invalid_steps():
     ro2 = ro.clone()
     ro2["reward"][2], ro2["action"][2] = 1e6, 1 - ro2["action"][2]
     torch.testing.assert_close(agent.update(state, ro)[0]["params"], agent.update(state, ro2)[0]["params"])
+
+
+def test_evaluation_resets_the_carry_at_episode_starts(monkeypatch):
+    """`evaluate_state` marks the step after EnvPool's reset step as an episode start, as the sampler does."""
+    from fnrl import evaluate
+
+    seen = []
+    make_agent = evaluate._make_agent
+
+    def recording_agent(*args, **kwargs):
+        agent = make_agent(*args, **kwargs)
+
+        def act(state, obs, carry, explore):
+            seen.append(None if carry is None else bool(carry["reset"][0]))
+            return agent.act(state, obs, carry, explore)
+
+        return agent._replace(act=act)
+
+    monkeypatch.setattr(evaluate, "_make_agent", recording_agent)
+    config = dataclasses.replace(RPPO, env_id="fnrltest/CountTerm-v0", num_envs=1, num_minibatches=1)
+    env = envs.make(config.env_id, 1, seed=0)
+    state = ppo.make(config, env.spec).init(0)
+    env.close()
+    returns = evaluate.evaluate_state("ppo", config, state, episodes=2, num_envs=1)
+    assert len(returns) == 2
+    # steps 0-3: episode 1 (step 3 is the reset step), step 4 starts episode 2
+    assert seen[:6] == [None, False, False, False, True, False]
