@@ -38,6 +38,7 @@ from fnrl import envs, replay
 from fnrl.algos import dqn
 from fnrl.samplers import SerialSampler
 from fnrl.train import train
+from machine import cpu_model
 
 OUTPUT = Path(__file__).with_suffix(".md")
 CLEANRL = dict(env_id="CartPole-v1", total_steps=100_000, num_envs=1, num_steps=10, buffer_size=10_000,
@@ -49,12 +50,7 @@ PEERS = {"CleanRL dqn.py": "3,619 / 3,483", "stable-baselines3 DQN": "2,594 / 2,
 
 
 def machine() -> str:
-    cpu = "unknown"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     import envpool
     import tensordict
     try:

@@ -33,14 +33,9 @@ LEARNING_STARTS = 2_000
 def machine() -> str:
     import torch
 
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from machine import cpu_model
+
+    cpu = cpu_model()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at start; torch {torch.__version__}, "
             f"Python {platform.python_version()}")
