@@ -199,6 +199,26 @@ def cartpole(timeout: int) -> dict:
 # ---------------------------------------------------------------------------
 
 
+def cartpole_section(cart: dict) -> list[str]:
+    """Markdown lines of part 3 from `cartpole()`'s result."""
+    reach = lambda s: f"{s:,}" if s is not None else "not reached"  # noqa: E731
+    return [
+        "",
+        "## 3. R2D1 on fnrl/CartPoleNoVel-v1 (default Config)",
+        "",
+        "| run | first step with return_mean >= 400 | >= 450 | last step | last return_mean | wall (s) "
+        "| load avg (start; end) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        f"| `train(\"r2d1\", Config(env_id=\"fnrl/CartPoleNoVel-v1\", total_steps=200_000), seed=0, "
+        f"stop_return=450)`, compiled | {reach(cart['reach_400'])} | {reach(cart['reach_450'])} "
+        f"| {cart['last_step']:,} | {cart['last_return']:.1f} | {cart['wall_s']:.0f}"
+        f"{' (timeout)' if cart['timed_out'] else ''} | {cart['load']}; {cart['load_end']} |",
+        "",
+        "return_mean is the mean return of the training episodes ending in each 2,000-step log "
+        "interval (with exploration epsilon), one seed.",
+    ]
+
+
 def fmt_rate(row) -> str:
     return "did not finish" if row.get("timeout") else f"{1 / row['update_s']:.3f}"
 
@@ -329,22 +349,7 @@ def main(argv=None):
         "runs); which one the 16,000 figure used is not stated in the sources checked here.",
     ]
     if cart is not None:
-        reach = lambda s: f"{s:,}" if s is not None else "not reached"  # noqa: E731
-        lines += [
-            "",
-            "## 3. R2D1 on fnrl/CartPoleNoVel-v1 (default Config)",
-            "",
-            "| run | first step with return_mean >= 400 | >= 450 | last step | last return_mean | wall (s) "
-            "| load avg (start; end) |",
-            "|---|---:|---:|---:|---:|---:|---|",
-            f"| `train(\"r2d1\", Config(env_id=\"fnrl/CartPoleNoVel-v1\", total_steps=200_000), seed=0, "
-            f"stop_return=450)`, compiled | {reach(cart['reach_400'])} | {reach(cart['reach_450'])} "
-            f"| {cart['last_step']:,} | {cart['last_return']:.1f} | {cart['wall_s']:.0f}"
-            f"{' (timeout)' if cart['timed_out'] else ''} | {cart['load']}; {cart['load_end']} |",
-            "",
-            "return_mean is the mean return of the training episodes ending in each 2,000-step log "
-            "interval (with exploration epsilon), one seed.",
-        ]
+        lines += cartpole_section(cart)
     lines += [
         "",
         f"Reproduce: `python benchmarks/r2d1_throughput.py --batch {args.batch} --short {args.short} "
