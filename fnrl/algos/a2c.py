@@ -19,8 +19,8 @@ import torch
 from tensordict import TensorDict
 
 from fnrl import losses, optim
-from fnrl.algos.common import (Agent, action_dist, actor_critic_policy, check_positive, gradient_step, init_params,
-                               masked_mean, recurrent_actor_critic_policy)
+from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
+                               masked_mean)
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.returns import gae
@@ -85,14 +85,8 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
 def make(config: Config, spec: EnvSpec) -> Agent:
     validate(config, spec)
     dist = action_dist(spec)
-    recurrent = config.core != "none"
-    if recurrent:
-        rnn = recurrent_actor_critic_policy(spec, config.core, config.core_size, config.hidden, config.activation,
-                                            config.conv, config.init_log_std)
-        build = rnn.build
-    else:
-        build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv,
-                                            config.init_log_std)
+    build, rnn, policy = config_policy(config, spec)
+    recurrent = rnn is not None
     updates = max(1, config.total_steps // (config.num_envs * config.num_steps))
     lr = optim.linear_schedule(config.learning_rate, 0.0, updates) if config.anneal_lr else config.learning_rate
     opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm),

@@ -214,3 +214,16 @@ def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: 
         return d, value
 
     return RecurrentActorCriticPolicy(build, unroll, step, rollout_unroll)
+
+
+def config_policy(config, spec: EnvSpec):
+    """The actor-critic of an A2C / PPO `config` (fields core, core_size, hidden, activation,
+    conv, init_log_std): `(build, rnn, policy)` with `rnn` a `RecurrentActorCriticPolicy`
+    when `config.core` is "lstm" or "gru" (then `policy` is None), else `rnn` None and
+    `policy(params, obs) -> (dist, value)` the feed-forward forward."""
+    if config.core != "none":
+        rnn = recurrent_actor_critic_policy(spec, config.core, config.core_size, config.hidden, config.activation,
+                                            config.conv, config.init_log_std)
+        return rnn.build, rnn, None
+    build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv, config.init_log_std)
+    return build, None, policy

@@ -27,8 +27,8 @@ import torch
 from tensordict import TensorDict
 
 from fnrl import losses, optim
-from fnrl.algos.common import (Agent, action_dist, actor_critic_policy, check_positive, gradient_step, init_params,
-                               masked_mean, recurrent_actor_critic_policy)
+from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
+                               masked_mean)
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.normalize import rms_init, rms_normalize, rms_update
@@ -157,13 +157,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
     lr = optim.linear_schedule(config.learning_rate, 0.0, grad_steps) if config.anneal_lr else config.learning_rate
     opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.adam(lr, eps=config.adam_eps))
 
-    if recurrent:
-        rnn = recurrent_actor_critic_policy(spec, config.core, config.core_size, config.hidden, config.activation,
-                                            config.conv, config.init_log_std)
-        build = rnn.build
-    else:
-        build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv,
-                                            config.init_log_std)
+    build, rnn, policy = config_policy(config, spec)
 
     def forward(params, batch):
         """(dist, value) of the policy on a training batch: [N] steps, or [T, b] sequences."""
