@@ -85,3 +85,14 @@ def test_corrupt_checkpoint_is_refused(tmp_path, capsys):
     torch.save({"weights": 1}, tmp_path / "checkpoint.pt")
     assert main(["eval", str(tmp_path)]) == 2
     assert "not an fnrl checkpoint" in capsys.readouterr().err
+
+
+def test_stop_return_ends_the_run_at_the_first_interval_that_reaches_it(tmp_path):
+    """CountTerm episodes last 3 steps (return 1.0 + 1.1 + 1.2 = 3.3): the first log row with
+    finished episodes reaches a return of 1, so a --stop-return 1 run stops there, checkpointed."""
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--env", "fnrltest/CountTerm-v0", "--log-dir", str(run), "--stop-return", "1",
+                 "--num-envs", "2", "--num-steps", "8", "--total-steps", "1024", "--no-compile", "--quiet"]) == 0
+    rows = list(csv.DictReader(open(run / "progress.csv")))
+    assert len(rows) == 1 and float(rows[0]["return_mean"]) == pytest.approx(3.3)
+    assert load_checkpoint(run)["counters"]["env_steps"] == int(rows[0]["env_steps"]) < 1024
