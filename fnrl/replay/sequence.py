@@ -56,6 +56,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from fnrl.checks import check_bool, check_float, check_shape
+# size (rows stored), num_sampleable (sequences `sample` may return) and can_sample read the
+# same fields of both buffers
+from fnrl.replay.buffer import can_sample, num_sampleable, size
 from fnrl.replay.frames import stack_source_rows, stack_starts
 from fnrl.replay.sum_tree import sum_tree_get, sum_tree_init, sum_tree_sample, sum_tree_set
 
@@ -302,21 +305,6 @@ def add(buffer: SequenceBuffer, rollout: TensorDictBase, priority: torch.Tensor 
                          _starts_in(spec, oldest, oldest + spec.frame_stack - 1)]).unique()
     _refresh(buffer, changed, steps)
     return dataclasses.replace(buffer, steps_written=steps)
-
-
-def size(buffer: SequenceBuffer) -> int:
-    """Number of rows stored (all envs)."""
-    return min(buffer.steps_written, buffer.spec.rows_per_env) * buffer.spec.num_envs
-
-
-def num_sampleable(buffer: SequenceBuffer) -> int:
-    """Number of sequences `sample` may return (reads one device scalar)."""
-    return int(buffer.sampleable_count)
-
-
-def can_sample(buffer: SequenceBuffer, batch_size: int) -> bool:
-    """Whether at least `batch_size` sequences are sampleable."""
-    return num_sampleable(buffer) >= batch_size
 
 
 def _stacked_frames(buffer: SequenceBuffer, row: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
