@@ -354,7 +354,15 @@ def update_priorities(buffer: ReplayBuffer, index: torch.Tensor, priority: torch
     has stopped being sampleable since it was drawn keeps leaf 0 (its stored priority is
     updated all the same, as in rlpyt). Duplicate indices: one of their values wins.
     """
-    spec = buffer.spec
+    set_priorities(buffer.spec, buffer.tree, buffer.rows, buffer.max_priority, index, priority)
+    return buffer
+
+
+def set_priorities(spec, tree: torch.Tensor, table: TensorDict, max_priority: torch.Tensor, index: torch.Tensor,
+                   priority: torch.Tensor) -> None:
+    """Store p = (|priority| + priority_eps)^alpha for flat items `index` [N] (item = position * B + env)
+    in `table["priority"]` [P, B] and the sum tree (masked by `table["sampleable"]`), and raise
+    `max_priority`, in place. Shared by the row buffer and the sequence buffer."""
     if not spec.prioritized:
         raise ValueError("update_priorities needs a buffer made with prioritized=True")
     if index.dtype != torch.int64 or index.shape != priority.shape or index.ndim != 1:
@@ -363,7 +371,6 @@ def update_priorities(buffer: ReplayBuffer, index: torch.Tensor, priority: torch
     index = index.to(spec.device)
     p = (priority.detach().to(spec.device, torch.float32).abs() + spec.priority_eps) ** spec.alpha
     position, env = torch.div(index, spec.num_envs, rounding_mode="floor"), index % spec.num_envs
-    buffer.rows["priority"][position, env] = p
-    sum_tree_set(buffer.tree, index, p * buffer.rows["sampleable"][position, env])
-    buffer.max_priority.copy_(torch.maximum(buffer.max_priority, p.max()))
-    return buffer
+    table["priority"][position, env] = p
+    sum_tree_set(tree, index, p * table["sampleable"][position, env])
+    max_priority.copy_(torch.maximum(max_priority, p.max()))

@@ -58,7 +58,7 @@ from tensordict import TensorDict, TensorDictBase
 from fnrl.checks import check_bool, check_float, check_shape
 # size (rows stored), num_sampleable (sequences `sample` may return) and can_sample read the
 # same fields of both buffers
-from fnrl.replay.buffer import can_sample, num_sampleable, size
+from fnrl.replay.buffer import can_sample, num_sampleable, set_priorities, size
 from fnrl.replay.frames import stack_source_rows, stack_starts
 from fnrl.replay.sum_tree import sum_tree_get, sum_tree_init, sum_tree_sample, sum_tree_set
 
@@ -369,16 +369,5 @@ def sample(buffer: SequenceBuffer, batch_size: int, beta: float | torch.Tensor =
 def update_priorities(buffer: SequenceBuffer, index: torch.Tensor, priority: torch.Tensor) -> SequenceBuffer:
     """Set the priorities of sampled sequences: index int64 [N] (`batch["index"][0]`), priority [N]
     raw values (e.g. eta max|td| + (1 - eta) mean|td|), stored as (|p| + eps)^alpha."""
-    spec = buffer.spec
-    if not spec.prioritized:
-        raise ValueError("update_priorities needs a buffer made with prioritized=True")
-    if index.dtype != torch.int64 or index.shape != priority.shape or index.ndim != 1:
-        raise ValueError(f"index must be int64 [N] and priority [N]; got index {index.dtype} "
-                         f"{tuple(index.shape)}, priority {tuple(priority.shape)}")
-    index = index.to(spec.device)
-    p = (priority.detach().to(spec.device, torch.float32).abs() + spec.priority_eps) ** spec.alpha
-    slot, env = torch.div(index, spec.num_envs, rounding_mode="floor"), index % spec.num_envs
-    buffer.slots["priority"][slot, env] = p
-    sum_tree_set(buffer.tree, index, p * buffer.slots["sampleable"][slot, env])
-    buffer.max_priority.copy_(torch.maximum(buffer.max_priority, p.max()))
+    set_priorities(buffer.spec, buffer.tree, buffer.slots, buffer.max_priority, index, priority)
     return buffer
