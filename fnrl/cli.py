@@ -18,7 +18,8 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return")
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return",
+                "eval_interval", "eval_episodes")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -93,6 +94,11 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--stop-return", type=float, default=None, metavar="R",
                         help="stop early once a log interval's mean episode return reaches R (default: never)")
+    parser.add_argument("--eval-interval", type=int, default=None, metavar="N",
+                        help="evaluate without exploration every N env steps and at the end, logged as "
+                             "eval_return_mean (default: never)")
+    parser.add_argument("--eval-episodes", type=int, default=10, metavar="K",
+                        help="episodes per evaluation (default: 10)")
     args = vars(parser.parse_args(argv[1:]))
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})

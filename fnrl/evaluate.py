@@ -1,52 +1,157 @@
-"""Evaluate a trained policy: greedy / mode actions, full episodes, raw game score."""
+"""Evaluate a trained policy: greedy / mode actions, full episodes, raw game score.
+
+    returns = evaluate_state("ppo", config, state, episodes=10)      # one-off
+    evaluator = Evaluator("ppo", config, episodes=10)                # reusable: env + agent made once
+    returns = evaluator(state); evaluator.close()
+    online = OnlineEval("ppo", config, interval=10_000, episodes=10)  # what train(eval_interval=...) uses
+"""
 from __future__ import annotations
+
+import math
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from fnrl import algos, envs
+from fnrl.errors import ConfigError
 from fnrl.train import _from_json, _make_agent, load_checkpoint
+
+
+class Evaluator:
+    """Evaluation envs and a non-exploring agent, made once and reused for many evaluations.
+
+    Eval envs are fresh (seed `seed`), `train=False`: no Atari episodic life or reward
+    clipping, so returns are the raw game score over whole games. The agent is built
+    from `config` (eager unless `compile=True`) and acts with `explore=False` (greedy /
+    distribution mode). Each call resets the envs and runs until every env has finished
+    ceil(episodes / num_envs) episodes; each env contributes its first finished episodes,
+    so short episodes are not favoured. Recurrent policies get their carry reset at
+    episode starts, as in the sampler. The torch RNG is forked (when building the agent
+    and when evaluating), so evaluation does not change the random stream of the training
+    run it is part of.
+
+    record: a list that receives env 0's frames ([H, W, 3] uint8 arrays, one per step
+        from the reset on) until `record_episodes` of its episodes have ended; the envs
+        are then made with `render_mode="rgb_array"`.
+    """
+
+    def __init__(self, name: str, config, *, episodes: int = 10, seed: int = 10_000, num_envs: int | None = None,
+                 device: str = "cpu", compile: bool = False, record: list | None = None, record_episodes: int = 1):
+        if episodes < 1:
+            raise ConfigError(f"evaluation needs at least 1 episode, got {episodes}")
+        module = algos.load(name)
+        self.episodes = episodes
+        self.num_envs = num_envs or min(episodes, 8)
+        self.device = torch.device(device)
+        self.record, self.record_episodes = record, record_episodes
+        kwargs = {"render_mode": "rgb_array"} if record is not None else {}
+        try:
+            self.env = envs.make(config.env_id, self.num_envs, seed=seed, train=False, **kwargs)
+        except TypeError as e:  # an env that takes no render_mode
+            raise ConfigError(f"{config.env_id} cannot render frames for --record-video ({e})") from e
+        with torch.random.fork_rng(devices=[]):  # building networks draws from the RNG
+            self.agent = _make_agent(module, config, self.env.spec, compile=compile)
+
+    def _frame(self):
+        frame = self.env.raw.render()
+        if isinstance(frame, (tuple, list)):  # gymnasium vector env: one frame per env
+            frame = frame[0]
+        frame = np.asarray(frame)
+        if frame.ndim == 4:  # EnvPool: [1, H, W, 3] for env 0
+            frame = frame[0]
+        if frame.ndim != 3 or frame.shape[-1] != 3:
+            raise ConfigError(f"{self.env.spec.env_id} cannot render rgb frames for --record-video")
+        return frame.copy()
+
+    def __call__(self, state, episodes: int | None = None, max_steps: int = 1_000_000) -> list[float]:
+        """Returns of `episodes` (default: the constructor's) complete episodes of `state`'s policy."""
+        episodes = episodes or self.episodes
+        n = self.num_envs
+        per_env = -(-episodes // n)
+        found: list[list[float]] = [[] for _ in range(n)]
+        recording = self.record is not None
+        recorded = 0
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            obs = self.env.reset()["obs"].to(self.device)
+            if recording:
+                self.record.append(self._frame())
+            carry = None
+            for _ in range(max_steps):
+                action, _, carry = self.agent.act(state, obs, carry, False)
+                out = self.env.step(action)
+                obs = out["obs"].to(self.device)
+                if carry is not None:  # recurrent: a new episode starts after EnvPool's reset step
+                    carry["reset"] = (~out["valid"]).to(self.device)
+                if recording:
+                    self.record.append(self._frame())
+                    recorded += bool(out["episode_end"][0])
+                    recording = recorded < self.record_episodes
+                for i in torch.nonzero(out["episode_end"]).flatten().tolist():
+                    if len(found[i]) < per_env:
+                        found[i].append(float(out["episode_return"][i]))
+                if not recording and all(len(f) >= per_env for f in found):
+                    break
+        return [r for f in found for r in f][:episodes]
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def evaluate_state(name: str, config, state, episodes: int = 10, seed: int = 10_000, num_envs: int | None = None,
                    max_steps: int = 1_000_000) -> list[float]:
-    """Returns of `episodes` complete episodes of the policy in `state`, without exploration.
+    """Returns of `episodes` complete episodes of the policy in `state`, without exploration
+    (one `Evaluator`, used once; see there)."""
+    evaluator = Evaluator(name, config, episodes=episodes, seed=seed, num_envs=num_envs)
+    try:
+        return evaluator(state, max_steps=max_steps)
+    finally:
+        evaluator.close()
 
-    Eval envs are fresh (seed `seed`), with no Atari episodic life or reward clipping.
-    Each env contributes its first finished episodes, so short episodes are not favoured.
-    Recurrent policies get their carry reset at episode starts, as in the sampler.
+
+class OnlineEval:
+    """Evaluation during training (`train(..., eval_interval=N)`): an `Evaluator` made once,
+    run at the first log row at or after every N env steps, and at the final row.
+
+    `__call__(state, env_steps, final)` returns the columns for that log row:
+    `eval_return_mean`, `eval_return_std` (population std over the episodes), NaN in rows
+    without an evaluation, so progress.csv keeps one fixed header.
     """
-    module = algos.load(name)
-    n = num_envs or min(episodes, 8)
-    env = envs.make(config.env_id, n, seed=seed, train=False)
-    agent = _make_agent(module, config, env.spec, compile=False)
-    per_env = -(-episodes // n)
-    found: list[list[float]] = [[] for _ in range(n)]
-    obs = env.reset()["obs"]
-    carry = None
-    with torch.no_grad():
-        for _ in range(max_steps):
-            action, _, carry = agent.act(state, obs, carry, False)
-            out = env.step(action)
-            obs = out["obs"]
-            if carry is not None:  # recurrent: a new episode starts after EnvPool's reset step
-                carry["reset"] = ~out["valid"]
-            for i in torch.nonzero(out["episode_end"]).flatten().tolist():
-                if len(found[i]) < per_env:
-                    found[i].append(float(out["episode_return"][i]))
-            if all(len(f) >= per_env for f in found):
-                break
-    env.close()
-    returns = [r for f in found for r in f][:episodes]
-    return returns
+
+    COLUMNS = ("eval_return_mean", "eval_return_std")
+
+    def __init__(self, name: str, config, interval: int, episodes: int = 10, *, start: int = 0,
+                 seed: int = 10_000, device: str = "cpu"):
+        if not isinstance(interval, int) or interval < 1:
+            raise ConfigError(f"eval_interval must be a positive number of env steps, got {interval!r}")
+        if not isinstance(episodes, int) or episodes < 1:
+            raise ConfigError(f"eval_episodes must be at least 1, got {episodes!r}")
+        self.interval = interval
+        self.next = start + interval
+        self.evaluator = Evaluator(name, config, episodes=episodes, seed=seed, device=device)
+
+    def __call__(self, state, env_steps: int, final: bool = False) -> dict:
+        if env_steps < self.next and not final:
+            return dict.fromkeys(self.COLUMNS, math.nan)
+        while self.next <= env_steps:
+            self.next += self.interval
+        r = np.asarray(self.evaluator(state), dtype=np.float64)
+        return {"eval_return_mean": float(r.mean()), "eval_return_std": float(r.std())}
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+def _load(path):
+    ckpt = load_checkpoint(path)
+    name = ckpt["algo"]
+    return name, type(algos.default_config(name))(**_from_json(ckpt["config"])), ckpt["state"]
 
 
 def evaluate_checkpoint(path, episodes: int = 10, seed: int = 10_000) -> tuple[str, list[float]]:
     """Load a checkpoint (file or run folder) and evaluate it; returns (algo name, returns)."""
-    ckpt = load_checkpoint(path)
-    name = ckpt["algo"]
-    config = type(algos.default_config(name))(**_from_json(ckpt["config"]))
-    return name, evaluate_state(name, config, ckpt["state"], episodes, seed)
+    name, config, state = _load(path)
+    return name, evaluate_state(name, config, state, episodes, seed)
 
 
 def summarize(returns: list[float]) -> str:

@@ -112,7 +112,8 @@ def _finite_metrics(metrics) -> dict:
 def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
           quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
           threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
-          stop_return: float | None = None) -> TrainResult:
+          stop_return: float | None = None, eval_interval: int | None = None,
+          eval_episodes: int = 10) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -121,6 +122,10 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         torch's default).
     resume: a run folder; training continues from its checkpoint with its config.
     stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value.
+    eval_interval: evaluate the policy without exploration on separate eval envs
+        (fnrl.evaluate.OnlineEval) at the first log row after every `eval_interval` env
+        steps and at the end: `eval_episodes` full episodes, logged as `eval_return_mean`
+        and `eval_return_std` (NaN in the other rows).
     """
     module = algos.load(name)
     if resume is not None:
@@ -152,6 +157,12 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         torch.set_rng_state(ckpt["torch_rng"])
         np.random.set_state(ckpt["numpy_rng"])
     state = state.to(device)
+    online_eval = None
+    if eval_interval is not None:
+        from fnrl.evaluate import OnlineEval
+
+        online_eval = OnlineEval(name, config, eval_interval, eval_episodes, start=counters["env_steps"],
+                                 device=device)
 
     from fnrl.logger import Logger
     from fnrl.samplers import SerialSampler
@@ -246,6 +257,10 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                        "return_mean": last_return if ep_returns else float("nan"),
                        "episodes": len(ep_returns)}
                 row.update({k: v for k, v in scalars.items() if k != "priority"})
+                if online_eval is not None:
+                    last = counters["env_steps"] >= config.total_steps or (
+                        stop_return is not None and row["return_mean"] >= stop_return)
+                    row.update(online_eval(state, counters["env_steps"], final=last))
                 logger.log(row)
                 solved = stop_return is not None and row["return_mean"] >= stop_return
                 ep_returns = []
@@ -263,6 +278,8 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
             bar.close()
         logger.close()
         env.close()
+        if online_eval is not None:
+            online_eval.close()
     if plot:
         logger.plot(title=f"{name} {config.env_id} seed {seed}")
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)

@@ -1,0 +1,23 @@
+"""Learning test for evaluation: a trained CartPole agent scores 500 in every eval episode."""
+import math
+
+import pytest
+
+from fnrl import algos
+from fnrl.evaluate import evaluate_state
+from fnrl.train import train
+
+
+@pytest.mark.slow
+def test_trained_cartpole_agent_evaluates_to_500(tmp_path):
+    """PPO (defaults, seed 1) trained until a log interval's mean return reaches 490, with
+    online evaluation: the final row's eval_return_mean is 500, and 10 offline greedy
+    evaluation episodes of the final state all return exactly 500."""
+    result = train("ppo", None, seed=1, log_dir=tmp_path / "run", quiet=True, tensorboard=False, plot=False,
+                   stop_return=490, eval_interval=25_000, eval_episodes=10)
+    assert result.return_mean >= 490
+    evaluated = [r for r in result.history if math.isfinite(r["eval_return_mean"])]
+    assert evaluated and evaluated[-1] is result.history[-1]
+    assert result.history[-1]["eval_return_mean"] == 500 and result.history[-1]["eval_return_std"] == 0
+    config = algos.default_config("ppo")
+    assert evaluate_state("ppo", config, result.state, episodes=10, seed=123) == [500.0] * 10
