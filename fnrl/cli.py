@@ -3,7 +3,7 @@
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--FIELD V ...]
-    fnrl eval CHECKPOINT [--episodes N]
+    fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
 (`--num-envs 64`, `--learning-rate 3e-4`). Bad input stops with one line on stderr and
@@ -116,13 +116,19 @@ def _eval(argv: list[str]) -> int:
     parser.add_argument("checkpoint", help="checkpoint.pt or the run folder holding it")
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=10_000)
+    parser.add_argument("--record-video", default=None, metavar="PATH",
+                        help="write env 0's first episode(s) to PATH (.mp4, or .gif) (default: no video)")
+    parser.add_argument("--record-episodes", type=int, default=1, metavar="K",
+                        help="episodes of env 0 in the video (default: 1)")
+    parser.add_argument("--fps", type=float, default=30.0, help="video frames per second (default: 30)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         raise ConfigError("--episodes must be at least 1")
     from fnrl.evaluate import evaluate_checkpoint, summarize
 
-    name, returns = evaluate_checkpoint(args.checkpoint, args.episodes, args.seed)
-    print(f"{name}: {summarize(returns)}")
+    name, returns = evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, record_video=args.record_video,
+                                        record_episodes=args.record_episodes, fps=args.fps)
+    print(f"{name}: {summarize(returns)}" + (f"; video in {args.record_video}" if args.record_video else ""))
     return 0
 
 

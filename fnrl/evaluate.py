@@ -31,7 +31,7 @@ class Evaluator:
     and when evaluating), so evaluation does not change the random stream of the training
     run it is part of.
 
-    record: a list that receives env 0's frames ([H, W, 3] uint8 arrays, one per step
+    record: a list or `fnrl.video.VideoWriter` (anything with `append`) that receives env 0's frames ([H, W, 3] uint8 arrays, one per step
         from the reset on) until `record_episodes` of its episodes have ended; the envs
         are then made with `render_mode="rgb_array"`.
     """
@@ -48,8 +48,11 @@ class Evaluator:
         kwargs = {"render_mode": "rgb_array"} if record is not None else {}
         try:
             self.env = envs.make(config.env_id, self.num_envs, seed=seed, train=False, **kwargs)
-        except TypeError as e:  # an env that takes no render_mode
-            raise ConfigError(f"{config.env_id} cannot render frames for --record-video ({e})") from e
+        except (TypeError, ValueError, RuntimeError) as e:  # an env that takes no render_mode
+            if record is None:
+                raise
+            raise ConfigError(f"{config.env_id} cannot render frames for --record-video: its env takes no "
+                              f"render_mode='rgb_array' ({type(e).__name__})") from e
         with torch.random.fork_rng(devices=[]):  # building networks draws from the RNG
             self.agent = _make_agent(module, config, self.env.spec, compile=compile)
 
@@ -148,10 +151,31 @@ def _load(path):
     return name, type(algos.default_config(name))(**_from_json(ckpt["config"])), ckpt["state"]
 
 
-def evaluate_checkpoint(path, episodes: int = 10, seed: int = 10_000) -> tuple[str, list[float]]:
-    """Load a checkpoint (file or run folder) and evaluate it; returns (algo name, returns)."""
+def evaluate_checkpoint(path, episodes: int = 10, seed: int = 10_000, record_video=None, record_episodes: int = 1,
+                        fps: float = 30.0) -> tuple[str, list[float]]:
+    """Load a checkpoint (file or run folder) and evaluate it; returns (algo name, returns).
+
+    record_video: a .mp4 (OpenCV) or .gif (Pillow) path that receives env 0's frames
+        (`render_mode="rgb_array"`: EnvPool's renderer, or gymnasium's for gymnasium envs)
+        of its first `record_episodes` episodes, at `fps` frames per second.
+    """
+    if record_video is None:
+        name, config, state = _load(path)
+        return name, evaluate_state(name, config, state, episodes, seed)
+    from fnrl.video import VideoWriter, check_video_path
+
+    check_video_path(record_video)
+    if record_episodes < 1:
+        raise ConfigError(f"--record-episodes must be at least 1, got {record_episodes}")
     name, config, state = _load(path)
-    return name, evaluate_state(name, config, state, episodes, seed)
+    with VideoWriter(record_video, fps=fps) as video:
+        evaluator = Evaluator(name, config, episodes=episodes, seed=seed, record=video,
+                              record_episodes=record_episodes)
+        try:
+            returns = evaluator(state)
+        finally:
+            evaluator.close()
+    return name, returns
 
 
 def summarize(returns: list[float]) -> str:

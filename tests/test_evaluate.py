@@ -1,21 +1,22 @@
 """Evaluation: online during training (train(eval_interval=...)) and offline (Evaluator)."""
+import csv
+import dataclasses
 import math
 
+import numpy as np
 import pytest
-import torch
 
 from fnrl import algos
 from fnrl.cli import main
 from fnrl.errors import ConfigError
 from fnrl.evaluate import Evaluator, OnlineEval
 from fnrl.train import train
+from fnrl.video import VideoWriter
 
 TINY = dict(total_steps=1024, num_envs=4, num_steps=32, update_epochs=1)
 
 
 def _tiny_train(tmp_path, sub, **kwargs):
-    import dataclasses
-
     config = dataclasses.replace(algos.default_config("ppo"), **TINY)
     return train("ppo", config, seed=3, log_dir=tmp_path / sub, quiet=True, compile=False, plot=False,
                  tensorboard=False, log_interval=128, **kwargs)
@@ -58,13 +59,58 @@ def test_bad_eval_options_are_config_errors(interval, episodes, message):
         OnlineEval("ppo", algos.default_config("ppo"), interval, episodes)
 
 
-def test_cli_eval_interval(tmp_path, capsys):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A 256-step PPO CartPole run made through the CLI with --eval-interval."""
+    run = tmp_path_factory.mktemp("tiny") / "run"
     argv = ["train", "ppo", "--log-dir", str(run), "--total-steps", "256", "--num-envs", "4", "--num-steps", "32",
             "--update-epochs", "1", "--no-compile", "--quiet", "--eval-interval", "256", "--eval-episodes", "2"]
     assert main(argv) == 0
-    text = (run / "progress.csv").read_text().splitlines()
-    assert "eval_return_mean" in text[0] and "nan" not in text[-1].split(",")[text[0].split(",").index(
-        "eval_return_mean")]
+    return run
+
+
+def test_cli_eval_interval(tiny_run, tmp_path, capsys):
+    rows = list(csv.DictReader(open(tiny_run / "progress.csv")))
+    assert math.isfinite(float(rows[-1]["eval_return_mean"]))
     assert main(["train", "ppo", "--log-dir", str(tmp_path / "bad"), "--eval-interval", "-5"]) == 2
     assert "eval_interval" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".gif"])
+def test_record_video_of_a_checkpoint(tiny_run, tmp_path, capsys, suffix):
+    """`fnrl eval RUN --record-video` writes env 0's first episode: reset frame + one per step."""
+    path = tmp_path / f"episode{suffix}"
+    assert main(["eval", str(tiny_run), "--episodes", "2", "--record-video", str(path)]) == 0
+    assert str(path) in capsys.readouterr().out
+    if suffix == ".mp4":
+        import cv2
+
+        video = cv2.VideoCapture(str(path))
+        frames, (width, height) = video.get(cv2.CAP_PROP_FRAME_COUNT), (video.get(cv2.CAP_PROP_FRAME_WIDTH),
+                                                                         video.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    else:
+        from PIL import Image
+
+        image = Image.open(path)
+        frames, (width, height) = image.n_frames, image.size
+    assert frames >= 9 and (width, height) == (600, 400)  # a CartPole episode lasts >= 8 steps
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_record_video_errors(tiny_run, tmp_path, capsys):
+    assert main(["eval", str(tiny_run), "--record-video", str(tmp_path / "x.avi")]) == 2
+    assert main(["eval", str(tiny_run), "--record-video", str(tmp_path / "missing" / "x.mp4")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and ".mp4 or .gif" in err[0] and "does not exist" in err[1]
+    config = dataclasses.replace(algos.default_config("ppo"), env_id="fnrltest/CountTerm-v0")
+    with pytest.raises(ConfigError, match="cannot render"):
+        Evaluator("ppo", config, episodes=1, record=[])
+
+
+def test_video_writer_checks_frames(tmp_path):
+    with pytest.raises(ConfigError, match="uint8"):
+        VideoWriter(tmp_path / "a.gif").append(np.zeros((4, 4, 3), np.float32))
+    video = VideoWriter(tmp_path / "b.gif")
+    video.append(np.zeros((4, 6, 3), np.uint8))
+    with pytest.raises(ConfigError, match="size changed"):
+        video.append(np.zeros((6, 4, 3), np.uint8))
