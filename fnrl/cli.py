@@ -1,9 +1,10 @@
-"""The `fnrl` command: train, eval.
+"""The `fnrl` command: train, eval, launch.
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
+    fnrl launch GRID_FILE [--slots N] [--dry-run]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
 (`--num-envs 64`, `--learning-rate 3e-4`). Bad input stops with one line on stderr and
@@ -132,7 +133,24 @@ def _eval(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval}
+def _launch(argv: list[str]) -> int:
+    """fnrl launch GRID_FILE [--slots N] [--dry-run]"""
+    parser = _OneLineParser(prog="fnrl launch", description="Run a grid of training runs as a queue "
+                            "(a .py file defining GRID, or .yaml; see fnrl.launch). Finished runs are "
+                            "skipped, interrupted ones resumed.")
+    parser.add_argument("grid", help="grid file, e.g. experiments/grid_cartpole.py")
+    parser.add_argument("--slots", type=int, default=1, help="runs at once, each on its share of the cores "
+                        "(default: 1)")
+    parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    args = parser.parse_args(argv)
+    from fnrl.launch import launch, summary
+
+    outcomes = launch(args.grid, slots=args.slots, dry_run=args.dry_run)
+    print(f"launch: {summary(outcomes)}")
+    return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+COMMANDS = {"train": _train, "eval": _eval, "launch": _launch}
 
 
 def main(argv: list[str] | None = None) -> int:
