@@ -1,10 +1,11 @@
-"""The `fnrl` command: train, eval, launch.
+"""The `fnrl` command: train, eval, launch, plot.
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
+    fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
 (`--num-envs 64`, `--learning-rate 3e-4`). Bad input stops with one line on stderr and
@@ -150,7 +151,29 @@ def _launch(argv: list[str]) -> int:
     return 1 if any(o.status == "failed" for o in outcomes) else 0
 
 
-COMMANDS = {"train": _train, "eval": _eval, "launch": _launch}
+def _plot(argv: list[str]) -> int:
+    """fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]"""
+    parser = _OneLineParser(prog="fnrl plot", description="Learning curves of the runs under DIRs, grouped by "
+                            "config (equal config.json except the seed): mean and spread over seeds.")
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="run folders or folders holding runs")
+    parser.add_argument("--out", default="curves.png", help="figure file (default: curves.png)")
+    parser.add_argument("--y", default="return_mean", help="progress.csv column to plot (default: return_mean)")
+    parser.add_argument("--group-by", default="config", choices=["config", "none"],
+                        help="config: one curve per config over its seeds; none: one per run (default: config)")
+    parser.add_argument("--band", default="minmax", choices=["minmax", "std"],
+                        help="spread over seeds: min-max or mean +- std (default: minmax)")
+    parser.add_argument("--title", default="", help="figure title")
+    args = parser.parse_args(argv)
+    from fnrl.plot import plot_runs
+
+    groups = plot_runs(args.dirs, args.out, y=args.y, group_by=args.group_by, band=args.band, title=args.title)
+    for label, runs in groups.items():
+        print(f"{label}: {len(runs)} run(s)")
+    print(f"plot: {args.out}")
+    return 0
+
+
+COMMANDS = {"train": _train, "eval": _eval, "launch": _launch, "plot": _plot}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,30 +62,40 @@ def _num(v: str):
         return v
 
 
-def plot_curves(runs: list[list[dict]], path: str | Path, title: str = "", y: str = "return_mean") -> Path:
-    """Plot `y` against env_steps for one or many runs: mean line and min-max band."""
+def plot_curves(runs, path: str | Path, title: str = "", y: str = "return_mean", band: str = "minmax") -> Path:
+    """Plot `y` against env_steps: one run as a line; many runs as their mean and a band.
+
+    runs: a list of runs (each a list of row dicts), drawn as one curve, or a dict
+        label -> list of runs, drawn as one curve per label (e.g. one per config, over seeds).
+    band: "minmax" (min to max over runs) or "std" (mean +- one standard deviation). Many
+        runs are interpolated onto 200 points of the env-step range they all cover.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
+    groups = runs if isinstance(runs, dict) else {y: runs}
     fig, ax = plt.subplots(figsize=(6, 4))
-    curves = [([float(r["env_steps"]) for r in rows if _finite(r.get(y))],
-               [float(r[y]) for r in rows if _finite(r.get(y))]) for rows in runs]
-    curves = [c for c in curves if c[0]]
-    if len(curves) == 1:
-        ax.plot(*curves[0], label=y)
-    elif curves:
-        grid = np.linspace(max(c[0][0] for c in curves), min(c[0][-1] for c in curves), 200)
-        ys = np.stack([np.interp(grid, *c) for c in curves])
-        ax.plot(grid, ys.mean(0), label=f"{y} (mean of {len(curves)})")
-        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25)
+    for label, group in groups.items():
+        curves = [([float(r["env_steps"]) for r in rows if _finite(r.get(y))],
+                   [float(r[y]) for r in rows if _finite(r.get(y))]) for rows in group]
+        curves = [c for c in curves if c[0]]
+        if len(curves) == 1:
+            ax.plot(*curves[0], label=label)
+        elif curves:
+            grid = np.linspace(max(c[0][0] for c in curves), min(c[0][-1] for c in curves), 200)
+            ys = np.stack([np.interp(grid, *c) for c in curves])
+            mean = ys.mean(0)
+            low, high = (ys.min(0), ys.max(0)) if band == "minmax" else (mean - ys.std(0), mean + ys.std(0))
+            line, = ax.plot(grid, mean, label=f"{label} (mean of {len(curves)})")
+            ax.fill_between(grid, low, high, alpha=0.25, color=line.get_color())
     ax.set_xlabel("env steps")
     ax.set_ylabel(y)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best" if isinstance(runs, dict) else "lower right", fontsize="small" if len(groups) > 3 else None)
     fig.tight_layout()
     tmp = Path(str(path) + ".tmp.png")
     fig.savefig(tmp, dpi=100)
