@@ -2,7 +2,7 @@
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
-                    [--stop-return R] [--FIELD V ...]
+                    [--stop-return R] [--eval-interval N [--eval-episodes K]] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,9 +30,10 @@ class Evaluator:
     and when evaluating), so evaluation does not change the random stream of the training
     run it is part of.
 
-    record: a list or `fnrl.video.VideoWriter` (anything with `append`) that receives env 0's frames ([H, W, 3] uint8 arrays, one per step
-        from the reset on) until `record_episodes` of its episodes have ended; the envs
-        are then made with `render_mode="rgb_array"`.
+    record: a list or `fnrl.video.VideoWriter` (anything with `append`) that receives env
+        0's frames ([H, W, 3] uint8 RGB, one after the reset and one per step) until
+        `record_episodes` of its episodes have ended; the envs are then made with
+        `render_mode="rgb_array"` (EnvPool's renderer, or gymnasium's for gymnasium envs).
     """
 
     def __init__(self, name: str, config, *, episodes: int = 10, seed: int = 10_000, num_envs: int | None = None,
