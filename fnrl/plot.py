@@ -36,19 +36,20 @@ def find_runs(paths) -> list[Path]:
 
 
 def read_run(folder: Path) -> tuple[dict | None, list[list[dict]]]:
-    """(config without its seed, or None without config.json; the run's rows, split by a seed column)."""
+    """(config without its seed, or None without config.json; the run's rows, split by a seed
+    column, one per env_steps value in increasing order: the last one logged)."""
     with open(folder / "progress.csv", newline="") as f:
         rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    per_seed = {}
-    for r in rows:
-        per_seed.setdefault(r.get("seed"), []).append(r)
+    per_seed: dict = {}
+    for r in rows:  # a resumed run repeats the rows logged after its last checkpoint: keep the latest
+        per_seed.setdefault(r.get("seed"), {})[r["env_steps"]] = r
     config = None
     if (folder / "config.json").exists():
         config = json.loads((folder / "config.json").read_text())
         config.pop("seed", None)
         if isinstance(config.get("config"), dict):
             config["config"].pop("seed", None)
-    return config, list(per_seed.values())
+    return config, [[by_step[k] for k in sorted(by_step)] for by_step in per_seed.values()]
 
 
 def _flat(config: dict) -> dict:

@@ -49,6 +49,15 @@ def test_a_seed_column_splits_a_progress_csv_into_runs(tmp_path):
     assert [len(runs) for runs in groups.values()] == [2]
 
 
+def test_rows_repeated_by_a_resume_keep_the_latest(tmp_path):
+    _fake_run(tmp_path / "r", seed=0)
+    with open(tmp_path / "r" / "progress.csv", "a") as f:  # resumed from the checkpoint at 800
+        f.write("900,-1,nan\n1000,-2,nan\n")
+    (runs,) = group_runs(find_runs([tmp_path])).values()
+    assert [r["env_steps"] for r in runs[0]] == list(range(100, 1100, 100))
+    assert [r["return_mean"] for r in runs[0]][-2:] == [-1, -2]
+
+
 def test_plot_errors(tmp_path):
     with pytest.raises(ConfigError, match="no progress.csv"):
         plot_runs([tmp_path])
