@@ -123,9 +123,13 @@ def _eval(argv: list[str]) -> int:
     parser.add_argument("--record-episodes", type=int, default=1, metavar="K",
                         help="episodes of env 0 in the video (default: 1)")
     parser.add_argument("--fps", type=float, default=30.0, help="video frames per second (default: 30)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     args = parser.parse_args(argv)
-    if args.episodes < 1:
-        raise ConfigError("--episodes must be at least 1")
+    if args.episodes < 1 or args.threads < 1:
+        raise ConfigError("--episodes and --threads must be at least 1")
+    import torch
+
+    torch.set_num_threads(args.threads)
     from fnrl.evaluate import evaluate_checkpoint, summarize
 
     name, returns = evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, record_video=args.record_video,
