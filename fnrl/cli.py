@@ -4,6 +4,7 @@
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N]
+    fnrl bench [--quick] [--only KEY,...] [--threads N]   (from a source checkout)
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
 (`--num-envs 64`, `--learning-rate 3e-4`). Bad input stops with one line on stderr and
@@ -120,7 +121,26 @@ def _eval(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval}
+def _bench(argv: list[str]) -> int:
+    """Run benchmarks/suite.py of the source checkout fnrl is installed from."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "suite.py"
+    if not path.exists():
+        raise ConfigError(f"fnrl bench runs the suite in the repository's benchmarks/ folder, but {path} does not "
+                          "exist; install fnrl from a source checkout (pip install -e .)")
+    spec = importlib.util.spec_from_file_location("fnrl_benchmark_suite", path)
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = suite  # dataclasses look their module up by name
+    spec.loader.exec_module(suite)
+    try:
+        return suite.main(argv)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+COMMANDS = {"train": _train, "eval": _eval, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:
