@@ -6,6 +6,7 @@
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
+    fnrl bench [--quick] [--only KEY,...] [--threads N]   (from a source checkout)
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
 (`--num-envs 64`, `--learning-rate 3e-4`). Bad input stops with one line on stderr and
@@ -177,7 +178,26 @@ def _plot(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval, "launch": _launch, "plot": _plot}
+def _bench(argv: list[str]) -> int:
+    """Run benchmarks/suite.py of the source checkout fnrl is installed from."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "suite.py"
+    if not path.exists():
+        raise ConfigError(f"fnrl bench runs the suite in the repository's benchmarks/ folder, but {path} does not "
+                          "exist; install fnrl from a source checkout (pip install -e .)")
+    spec = importlib.util.spec_from_file_location("fnrl_benchmark_suite", path)
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = suite  # dataclasses look their module up by name
+    spec.loader.exec_module(suite)
+    try:
+        return suite.main(argv)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+COMMANDS = {"train": _train, "eval": _eval, "launch": _launch, "plot": _plot, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:

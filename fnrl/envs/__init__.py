@@ -112,7 +112,7 @@ def _make_subset(env_id: str, num_envs: int, seed: int, **kwargs) -> BatchedEnv:
     """A registered fnrl env: its base env with only some observation entries kept."""
     base_id, index = FNRL_ENVS[env_id]
     env = make(base_id, num_envs, seed, **kwargs)
-    env._obs_index = torch.tensor(index)
+    env._obs_index = np.asarray(index)
     env.spec = dataclasses.replace(env.spec, env_id=env_id, obs_shape=(len(index),))
     return env
 
