@@ -2,7 +2,7 @@
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
-                    [--stop-return R] [--FIELD V ...]
+                    [--stop-return R] [--sampler serial|async] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
@@ -18,7 +18,7 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return")
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return", "sampler")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -93,6 +93,9 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--stop-return", type=float, default=None, metavar="R",
                         help="stop early once a log interval's mean episode return reaches R (default: never)")
+    parser.add_argument("--sampler", default="serial", choices=["serial", "async"],
+                        help="serial: env and policy in this process; async: off-policy sampling in its own "
+                             "process writing a shared replay (default: serial)")
     args = vars(parser.parse_args(argv[1:]))
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})

@@ -1,0 +1,311 @@
+"""The asynchronous sampler (rlpyt's AsyncRl): sampling and optimization in separate processes.
+
+    main process (optimizer, `device`)          sampler process (`sampler_device`, CPU default)
+    ----------------------------------          ------------------------------------------------
+    sample replay under its lock  <-------------  SerialSampler.collect [T, B] -> replay.add (lock)
+    update(state, batch)                          counters: env steps, episode returns (stats lock)
+    params.publish(state, updates) -----------> params.pull between collects when the version moved
+    throttle: updates <= due(env steps)           throttle: waits while the optimizer owes > max_lead
+
+The sampler process steps its own EnvPool with a CPU copy of the acting parameters and
+writes every rollout into a shared-memory replay (`fnrl.replay.shared.SharedReplay`,
+or any object with `add(rollout)`). Parameters flow back through `SharedParams`: a
+shared TensorDict plus an int64 version (the optimizer's update count when it
+published); the sampler copies them between collects when the version changed and
+publishes the version it acts with, so the optimizer logs the policy lag in updates.
+
+Throttling (`Throttle`) keeps the run's replay ratio what the serial loop would do:
+the optimizer makes update u + 1 only when u < due(E), E = env steps written so far;
+the sampler does not start a collect while the optimizer owes more than `max_lead`
+env steps' worth of updates (rlpyt's max-lag idea), so the acting policy stays recent.
+
+Shutdown. Every wait polls with a timeout. The sampler ignores SIGINT (Ctrl-C reaches
+the main process, which stops it), and stops by itself when the shared stop event is
+set or its parent process is gone (checked every collect and every wait), so no child
+outlives the run. An exception in the sampler is written, one line, into a shared
+buffer and the process exits with code 1; the main process checks `is_alive()` /
+`exitcode` every loop and raises `SamplerError` with that line, the exit code or the
+signal that killed it. `AsyncSampler.stop()` sets the stop event, joins with a
+timeout, then terminates and finally kills.
+
+Start method: "fork" by default on Linux for a CPU sampler (instant start: the child
+does not import torch again, which can take tens of seconds on a loaded machine); the
+child sets its own torch thread count, so a fork after single-threaded torch work is
+safe. "spawn" is used when the sampler runs on CUDA or CUDA is initialized in the main
+process (a forked child cannot use CUDA); spawn needs the usual
+`if __name__ == "__main__":` guard in scripts.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.multiprocessing as mp
+from tensordict import TensorDict
+
+from fnrl.samplers.serial import SerialSampler
+
+__all__ = ["AsyncSampler", "SamplerError", "SharedParams", "Throttle", "start_method"]
+
+POLL_S = 0.05
+"""Longest single wait of either process before it rechecks stop / liveness."""
+
+
+class SamplerError(RuntimeError):
+    """The sampler process died, failed or stalled (one-line message)."""
+
+
+def start_method(sampler_device: str | torch.device = "cpu") -> str:
+    """"fork" for a CPU sampler on Linux while CUDA is not initialized here, else "spawn"."""
+    if sys.platform.startswith("linux") and torch.device(sampler_device).type == "cpu" \
+            and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """When the optimizer may update and when the sampler must wait.
+
+    With S = steps_per_collect, E0 = learning_starts rounded up to a multiple of S (the
+    first collect boundary at which the serial loop updates) and r = replay_ratio:
+        due(E) = floor(r (E - E0 + S))  for E >= E0, else 0,
+    exactly the updates the serial loop has made after E env steps. The optimizer makes
+    update u + 1 only if u < due(E). The sampler waits before a collect while
+        due(E) - u > r * max_lead   and the replay can serve a batch,
+    i.e. while the optimizer owes more than `max_lead` env steps of updates (None: never
+    waits; the data condition keeps a small-buffer run from deadlocking).
+    """
+    steps_per_collect: int
+    learning_starts: int
+    replay_ratio: float
+    max_lead: int | None
+
+    @property
+    def first_update_step(self) -> int:
+        S = self.steps_per_collect
+        return max(S, -(-self.learning_starts // S) * S)
+
+    def due(self, env_steps: int) -> int:
+        E0 = self.first_update_step
+        if env_steps < E0:
+            return 0
+        return math.floor(self.replay_ratio * (env_steps - E0 + self.steps_per_collect) + 1e-9)
+
+    def sampler_must_wait(self, env_steps: int, updates: int, can_sample: bool) -> bool:
+        if self.max_lead is None or not can_sample:
+            return False
+        return self.due(env_steps) - updates > self.replay_ratio * self.max_lead
+
+
+class SharedParams:
+    """Acting parameters in shared memory with a version: one publisher, many readers.
+
+    params: the TensorDict to share (copied to the CPU once); version: int64 [] shared,
+    the publisher's update count at its last `publish`. Writes and reads of the values
+    hold `lock`, so a reader never copies half-written parameters.
+    """
+
+    def __init__(self, params: TensorDict, lock):
+        self.params = params.detach().to("cpu").clone().share_memory_()
+        self.version = torch.zeros((), dtype=torch.int64).share_memory_()
+        self.lock = lock
+
+    def publish(self, params: TensorDict, version: int) -> None:
+        """Copy `params` (same keys, any device) in and set the version."""
+        with self.lock:
+            self.params.update_(params)
+            self.version.fill_(version)
+
+    def pull(self, dest: TensorDict, have: int) -> int:
+        """Copy the shared values into `dest` (same keys, any device) in place if the version differs
+        from `have`; returns the version `dest` now holds."""
+        if int(self.version) == have:
+            return have
+        with self.lock:
+            dest.update_(self.params)
+            return int(self.version)
+
+
+# shared int64 counters written by the sampler (S_*) or by the optimizer (O_*)
+S_ENV_STEPS, S_EPISODES, S_VERSION, S_HEARTBEAT, S_DONE, S_PID, O_UPDATES, O_CAN_SAMPLE = range(8)
+# shared float64 counters written by the sampler
+F_RETURN_SUM, F_WAIT_S = range(2)
+_ERROR_BYTES = 1024
+
+
+def _write_error(buffer: torch.Tensor, message: str) -> None:
+    data = message.encode("utf-8", "replace")[:_ERROR_BYTES - 1]
+    buffer[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffer[len(data):] = 0
+
+
+def _read_error(buffer: torch.Tensor) -> str:
+    return bytes(buffer.tolist()).rstrip(b"\0").decode("utf-8", "replace")
+
+
+class AsyncSampler:
+    """Run `SerialSampler` in a child process that writes every rollout into `replay`.
+
+    build: a picklable function, `build(*build_args) -> (env, act, state)` run in the
+      child: a BatchedEnv, the policy's `act(state, obs, carry, explore)` and an initial
+      state TensorDict holding `env_steps` and the keys of `params.params`.
+    replay: an object with `add(rollout)` and `num_sampleable()` shared with the child.
+    params: `SharedParams` of the acting keys (e.g. state.select("params")).
+    horizon: T; steps_per_collect = T * num_envs; total_steps: the sampler stops once
+      its env step count reaches it; start_env_steps: the count it starts from (resume).
+    batch_size: rows the optimizer samples (for the throttle's data condition).
+    device: where the child's policy runs ("cpu", or e.g. "cuda:1").
+    stall_timeout: seconds without a heartbeat from a live child before `check` fails.
+    """
+
+    def __init__(self, build: Callable, build_args: tuple, replay, params: SharedParams, throttle: Throttle, *,
+                 horizon: int, total_steps: int, start_env_steps: int = 0, batch_size: int = 1,
+                 device: str | torch.device = "cpu", seed: int = 0, threads: int | None = 1,
+                 stall_timeout: float = 300.0, method: str | None = None):
+        self.ctx = mp.get_context(method or start_method(device))
+        self.replay, self.params, self.throttle = replay, params, throttle
+        self.ints = torch.zeros(8, dtype=torch.int64).share_memory_()
+        self.floats = torch.zeros(2, dtype=torch.float64).share_memory_()
+        self.error = torch.zeros(_ERROR_BYTES, dtype=torch.uint8).share_memory_()
+        self.ints[S_ENV_STEPS] = start_env_steps
+        self.stats_lock = self.ctx.Lock()
+        self.stop_event, self.data_event, self.update_event = self.ctx.Event(), self.ctx.Event(), self.ctx.Event()
+        self.stall_timeout = stall_timeout
+        self._job = dict(build=build, build_args=build_args, horizon=horizon, total_steps=total_steps,
+                         batch_size=batch_size, device=str(device), seed=seed, threads=threads)
+        self.process = None
+        self._heartbeat = (-1, time.monotonic())
+
+    # ---- main-process side -------------------------------------------------------------
+    def start(self) -> None:
+        self.process = self.ctx.Process(target=_sampler_main, name="fnrl-async-sampler", daemon=True,
+                                        args=(self._job, self.replay, self.params, self.throttle, self.ints,
+                                              self.floats, self.error, self.stats_lock, self.stop_event,
+                                              self.data_event, self.update_event, os.getpid()))
+        self.process.start()
+        self._heartbeat = (-1, time.monotonic())
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def read(self) -> dict:
+        """A consistent snapshot of the sampler's counters."""
+        with self.stats_lock:
+            ints, floats = self.ints.tolist(), self.floats.tolist()
+        return {"env_steps": ints[S_ENV_STEPS], "episodes": ints[S_EPISODES], "version": ints[S_VERSION],
+                "done": bool(ints[S_DONE]), "return_sum": floats[F_RETURN_SUM], "wait_s": floats[F_WAIT_S]}
+
+    def check(self) -> None:
+        """Raise SamplerError if the child failed, died, or stopped beating; otherwise return."""
+        p = self.process
+        code = p.exitcode
+        if code is not None and not (code == 0 and self.ints[S_DONE]):
+            message = _read_error(self.error)
+            if message:
+                raise SamplerError(f"sampler process (pid {p.pid}) failed: {message}")
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            raise SamplerError(f"sampler process (pid {p.pid}) died ({how})")
+        beat = int(self.ints[S_HEARTBEAT])
+        now = time.monotonic()
+        if beat != self._heartbeat[0]:
+            self._heartbeat = (beat, now)
+        elif code is None and now - self._heartbeat[1] > self.stall_timeout:
+            raise SamplerError(f"sampler process (pid {p.pid}) made no progress for {self.stall_timeout:.0f} s")
+
+    def notify(self, updates: int, can_sample: bool) -> None:
+        """Tell the sampler the optimizer's update count (for its throttle)."""
+        self.ints[O_UPDATES] = updates
+        self.ints[O_CAN_SAMPLE] = int(can_sample)
+        self.update_event.set()
+
+    def wait_for_data(self, timeout: float = POLL_S) -> None:
+        """Sleep until the sampler writes a rollout, at most `timeout` seconds."""
+        self.data_event.wait(timeout)
+        self.data_event.clear()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the child: stop event, join(timeout), terminate, kill. Never raises, never hangs."""
+        self.stop_event.set()
+        self.update_event.set()
+        p = self.process
+        if p is None:
+            return
+        p.join(timeout)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout)
+
+
+# ---- child-process side ------------------------------------------------------------------
+def _sampler_main(job, replay, params, throttle, ints, floats, error, stats_lock, stop_event, data_event,
+                  update_event, parent_pid):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the main process's to handle
+    env = None
+
+    def should_stop() -> bool:
+        return stop_event.is_set() or os.getppid() != parent_pid
+
+    try:
+        if job["threads"] is not None:
+            torch.set_num_threads(job["threads"])
+        torch.manual_seed(job["seed"] + 7919)
+        ints[S_PID] = os.getpid()
+        env, act, state = job["build"](*job["build_args"])
+        device = torch.device(job["device"])
+        state = state.to(device)
+        sampler = SerialSampler(env, act, job["horizon"], device=device)
+        acting = state.select(*params.params.keys())
+        version = params.pull(acting, -1)
+        env_steps = int(ints[S_ENV_STEPS])
+        state["env_steps"].fill_(env_steps)
+        step = job["horizon"] * env.num_envs
+        with torch.no_grad():
+            while env_steps < job["total_steps"]:
+                waited = time.monotonic()
+                while throttle.sampler_must_wait(env_steps, int(ints[O_UPDATES]), bool(ints[O_CAN_SAMPLE])):
+                    if should_stop():
+                        return
+                    ints[S_HEARTBEAT] += 1
+                    update_event.wait(POLL_S)
+                    update_event.clear()
+                waited = time.monotonic() - waited
+                if should_stop():
+                    return
+                version = params.pull(acting, version)
+                rollout = sampler.collect(state)
+                replay.add(rollout)
+                env_steps += step
+                state["env_steps"].fill_(env_steps)
+                ended = rollout["episode_end"]
+                returns = rollout["episode_return"][ended]
+                with stats_lock:
+                    ints[S_ENV_STEPS] = env_steps
+                    ints[S_EPISODES] += returns.numel()
+                    ints[S_VERSION] = version
+                    ints[S_HEARTBEAT] += 1
+                    floats[F_RETURN_SUM] += float(returns.double().sum())
+                    floats[F_WAIT_S] += waited
+                data_event.set()
+        ints[S_DONE] = 1
+        data_event.set()
+    except BaseException as e:  # noqa: BLE001 - report every failure in one line, then exit non-zero
+        _write_error(error, f"{type(e).__name__}: {e}".splitlines()[0])
+        data_event.set()
+        os._exit(1)
+    finally:
+        if env is not None:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001
+                pass
