@@ -248,9 +248,23 @@ class AsyncSampler:
 
 
 # ---- child-process side ------------------------------------------------------------------
+PROCESS_NAME = b"fnrl-sampler"
+"""The sampler's OS-level name (`ps`, /proc/PID/comm) on Linux."""
+
+
+def _set_process_name(name: bytes) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)   # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def _sampler_main(job, replay, params, throttle, ints, floats, error, stats_lock, stop_event, data_event,
                   update_event, parent_pid):
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the main process's to handle
+    _set_process_name(PROCESS_NAME)
     env = None
 
     def should_stop() -> bool:
