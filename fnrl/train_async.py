@@ -27,7 +27,7 @@ import torch
 from fnrl import algos, envs
 from fnrl.errors import ConfigError
 from fnrl.replay.shared import SharedReplay
-from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, start_method
+from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, TimedLock, start_method
 from fnrl.samplers.serial import SerialSampler
 from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _finite_metrics,
                         _init_replay, _make_agent, _prepare_log_dir, save_checkpoint)
@@ -99,15 +99,14 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
 
     ctx_method = start_method(sampler_device)
     ctx = torch.multiprocessing.get_context(ctx_method)
-    replay = SharedReplay(_init_replay(config, example, spec, "cpu"), ctx.RLock())
+    replay = SharedReplay(_init_replay(config, example, spec, "cpu"), TimedLock(ctx.RLock()))
     act_keys = [k for k in getattr(module, "ACT_KEYS", ACT_KEYS) if k in state.keys()]
-    params = SharedParams(state.select(*act_keys), ctx.Lock())
+    params = SharedParams(state.select(*act_keys), TimedLock(ctx.Lock()))
     params.publish(state.select(*act_keys), counters["updates"])
     throttle = Throttle(steps_per_collect, config.learning_starts, config.replay_ratio,
                         None if max_lead_collects is None else max_lead_collects * steps_per_collect)
     sampler = AsyncSampler(_build_actor, (name, config, seed), replay, params, throttle, horizon=config.num_steps,
-                           total_steps=config.total_steps, start_env_steps=counters["env_steps"],
-                           batch_size=config.batch_size, device=sampler_device, seed=seed, threads=threads,
+                           total_steps=config.total_steps, start_env_steps=counters["env_steps"], device=sampler_device, seed=seed, threads=threads,
                            stall_timeout=stall_timeout, method=ctx_method)
 
     def checkpoint():
@@ -146,10 +145,7 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
         t_log, steps_log, idle = time.perf_counter(), env_steps, 0.0
         seen = sampler.read()
         while True:
-            try:
-                sampler.check()
-            except SamplerError as e:
-                raise TrainingError(f"{e}; the last checkpoint is {run_dir / CHECKPOINT}") from None
+            sampler.check()
             snap = sampler.read()
             if bar is not None:
                 bar.update(snap["env_steps"] - env_steps)
@@ -174,7 +170,8 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
             sampler.notify(updates, can_sample=not starved)
             counters["env_steps"], counters["updates"] = env_steps, updates
             finished = snap["done"] and (updates >= due or starved)
-            if (env_steps >= next_log and env_steps < config.total_steps) or finished:
+            caught_up = updates >= due or starved   # a row shows the state the serial loop would have at E
+            if (env_steps >= next_log and caught_up and env_steps < config.total_steps) or finished:
                 while next_log <= env_steps:
                     next_log += log_interval
                 now = time.perf_counter()
@@ -208,6 +205,8 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
                 t = time.perf_counter()
                 sampler.wait_for_data(POLL_S)
                 idle += time.perf_counter() - t
+    except (SamplerError, TimeoutError) as e:
+        raise TrainingError(f"{e}; the last checkpoint is {run_dir / CHECKPOINT}") from None
     finally:
         sampler.stop()
         if bar is not None:

@@ -234,13 +234,13 @@ SHORT = dict(total_steps=2_000, learning_starts=400, replay_ratio=0.05, batch_si
 def test_short_run_logs_policy_lag_and_resumes(tmp_path):
     config = dataclasses.replace(default_config("dqn"), **SHORT)
     run = tmp_path / "run"
-    first = train("dqn", config, seed=0, log_dir=run, compile=False, quiet=True, log_interval=400,
+    first = train("dqn", config, seed=0, log_dir=run, compile=False, quiet=True, log_interval=800,
                   tensorboard=False, plot=False, sampler="async", stop_return=-1.0)   # stops at the first row
     assert first.history[0]["env_steps"] < config.total_steps
     ckpt = load_checkpoint(run)
     assert ckpt["counters"]["env_steps"] == first.history[-1]["env_steps"]
 
-    result = train("dqn", seed=0, resume=run, compile=False, quiet=True, log_interval=400, tensorboard=False,
+    result = train("dqn", seed=0, resume=run, compile=False, quiet=True, log_interval=800, tensorboard=False,
                    plot=False, sampler="async")
     rows = result.history
     assert rows[-1]["env_steps"] == config.total_steps
