@@ -88,7 +88,8 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
         probe.close()
     run_dir = _prepare_log_dir(log_dir, name, config, seed, ckpt is not None)
     (run_dir / "config.json").write_text(json.dumps(
-        {"algo": name, "seed": seed, "sampler": "async", "config": dataclasses.asdict(config)}, indent=2,
+        {"algo": name, "seed": seed, "sampler": "async", "device": str(device),
+         "sampler_device": str(sampler_device), "config": dataclasses.asdict(config)}, indent=2,
         default=str))
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
     if ckpt is not None:
@@ -170,7 +171,8 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
             sampler.notify(updates, can_sample=not starved)
             counters["env_steps"], counters["updates"] = env_steps, updates
             finished = snap["done"] and (updates >= due or starved)
-            caught_up = updates >= due or starved   # a row shows the state the serial loop would have at E
+            # a row is written once the updates the serial loop makes by the log boundary are done
+            caught_up = updates >= throttle.due(next_log) or starved
             if (env_steps >= next_log and caught_up and env_steps < config.total_steps) or finished:
                 while next_log <= env_steps:
                     next_log += log_interval

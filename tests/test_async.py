@@ -253,6 +253,16 @@ def test_short_run_logs_policy_lag_and_resumes(tmp_path):
     assert load_checkpoint(run)["counters"]["env_steps"] == config.total_steps
 
 
+def test_sac_runs_async(tmp_path):
+    """Continuous control (qpg family) through the same path: the update count is the serial loop's."""
+    config = dataclasses.replace(default_config("sac"), total_steps=480, learning_starts=160, batch_size=32)
+    result = train("sac", config, seed=0, log_dir=tmp_path / "sac", compile=False, quiet=True, log_interval=160,
+                   tensorboard=False, plot=False, sampler="async")
+    throttle = Throttle(config.num_steps * config.num_envs, config.learning_starts, config.replay_ratio, None)
+    assert result.history[-1]["updates"] == throttle.due(480) == int(result.state["updates"])
+    assert all(math.isfinite(result.history[-1][k]) for k in ("loss/critic", "loss/actor"))
+
+
 # ---------------------------------------------------------------- shutdown of a real CLI run
 def _start_cli(tmp_path):
     """`fnrl train dqn --sampler async` in a subprocess: logs every 400 env steps, checkpoints every 4,000."""

@@ -21,6 +21,8 @@ the reader for one gather of N rows, so neither waits long.
 
 The lock is a `multiprocessing` lock from the context the processes are started with;
 an RLock lets a caller hold it around several calls (e.g. `sample` and `steps_written`).
+The async sampler wraps it in `fnrl.samplers.async_.TimedLock`, so a process never
+waits forever on a lock that a killed process still holds.
 Storage must live on the CPU (not memory-mapped): shared memory is host memory. The
 optimizer moves a sample to its device after `sample` returns.
 """

@@ -277,8 +277,8 @@ class AsyncSampler:
 
     def wait_for_data(self, timeout: float = POLL_S) -> None:
         """Return once the sampler has written another rollout (or finished), at most after `timeout` s."""
-        start, deadline = int(self.ints[S_HEARTBEAT]), time.monotonic() + timeout
-        while int(self.ints[S_HEARTBEAT]) == start and time.monotonic() < deadline:
+        start, deadline = self.ints[[S_ENV_STEPS, S_DONE]].tolist(), time.monotonic() + timeout
+        while self.ints[[S_ENV_STEPS, S_DONE]].tolist() == start and time.monotonic() < deadline:
             time.sleep(_SPIN_S)
 
     def stop(self, timeout: float = 10.0) -> None:
