@@ -2,7 +2,8 @@
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
-                    [--stop-return R] [--eval-interval N [--eval-episodes K]] [--FIELD V ...]
+                    [--stop-return R] [--eval-interval N [--eval-episodes K]]
+                    [--sampler serial|async] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
@@ -22,7 +23,7 @@ import typing
 from fnrl.errors import ConfigError
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return",
-                "eval_interval", "eval_episodes")
+                "eval_interval", "eval_episodes", "sampler")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -102,6 +103,9 @@ def _train(argv: list[str]) -> int:
                              "eval_return_mean (default: never)")
     parser.add_argument("--eval-episodes", type=int, default=10, metavar="K",
                         help="episodes per evaluation (default: 10)")
+    parser.add_argument("--sampler", default="serial", choices=["serial", "async"],
+                        help="serial: env and policy in this process; async: off-policy sampling in its own "
+                             "process writing a shared replay (default: serial)")
     args = vars(parser.parse_args(argv[1:]))
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})

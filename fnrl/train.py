@@ -31,6 +31,7 @@ from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "fnrl-checkpoint-v1"
+SAMPLERS = ("serial", "async")
 
 
 class TrainingError(RuntimeError):
@@ -117,7 +118,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
           quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
           threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
           stop_return: float | None = None, eval_interval: int | None = None,
-          eval_episodes: int = 10) -> TrainResult:
+          eval_episodes: int = 10, sampler: str = "serial") -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -130,7 +131,11 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         (fnrl.evaluate.OnlineEval) at the first log row after every `eval_interval` env
         steps and at the end: `eval_episodes` full episodes, logged as `eval_return_mean`
         and `eval_return_std` (NaN in the other rows).
+    sampler: "serial" (this loop) or "async" (off-policy: sampling in its own process,
+        see fnrl.train_async).
     """
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {sampler!r}; choose one of: {', '.join(SAMPLERS)}")
     module = algos.load(name)
     if resume is not None:
         ckpt = load_checkpoint(resume)
@@ -146,6 +151,17 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     if threads is not None:
         torch.set_num_threads(threads)
     seed_everything(seed)
+    if sampler == "async":
+        from fnrl.train_async import train_async
+
+        if eval_interval is not None:
+            raise ConfigError("--eval-interval is not supported with --sampler async yet; evaluate the run's "
+                              "checkpoint with `fnrl eval RUN_DIR`")
+
+        return train_async(name, module, config, seed=seed, log_dir=log_dir, device=device, compile=compile,
+                           quiet=quiet, ckpt=ckpt if resume is not None else None, log_interval=log_interval,
+                           checkpoint_every=checkpoint_every, threads=threads, tensorboard=tensorboard, plot=plot,
+                           stop_return=stop_return)
     env = envs.make(config.env_id, config.num_envs, seed=seed)
     agent = _make_agent(module, config, env.spec, compile)
     run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
