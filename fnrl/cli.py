@@ -2,7 +2,7 @@
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
-                    [--stop-return R] [--FIELD V ...]
+                    [--stop-return R] [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
@@ -18,7 +18,8 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return")
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return", "num_seeds",
+                "sweep")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -93,7 +94,16 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--stop-return", type=float, default=None, metavar="R",
                         help="stop early once a log interval's mean episode return reaches R (default: never)")
+    parser.add_argument("--num-seeds", type=int, default=1, metavar="K",
+                        help="train seeds SEED..SEED+K-1 at once in one process, vmapped (default: 1)")
+    parser.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
+                        help="also train each value of one numeric Config field at once, vmapped "
+                             "(e.g. learning_rate=1e-4,3e-4,1e-3)")
     args = vars(parser.parse_args(argv[1:]))
+    if args["sweep"] is not None:
+        from fnrl.seeds import parse_sweep
+
+        args["sweep"] = parse_sweep(args["sweep"])
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
 

@@ -42,12 +42,28 @@ class Logger:
         self.rows.append(row)
         if self._tb is not None:
             step = int(row["env_steps"])
+            # rows of a vmapped run (fnrl.seeds) carry a `seed` column: one tag prefix per row
+            run_keys = ("seed", *self.group_keys) if "seed" in row else ()
+            prefix = "".join(f"{k}={row[k]}/" for k in run_keys if k in row)
             for k, v in row.items():
-                if k != "env_steps" and isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-                    self._tb.add_scalar(k, v, step)
+                if k != "env_steps" and k not in run_keys and isinstance(v, (int, float)) \
+                        and not (isinstance(v, float) and math.isnan(v)):
+                    self._tb.add_scalar(prefix + k, v, step)
+
+    group_keys: tuple = ()
+    """columns that tell settings apart in a vmapped sweep (fnrl.seeds); set by the loop"""
 
     def plot(self, title: str = "") -> Path:
-        return plot_curves([self.rows], self.dir / "curve.png", title=title)
+        """curve.png: the run's curve, or, for rows with a `seed` column (a vmapped run), the
+        mean and min-max band over seeds, one band per value of `group_keys`."""
+        if not self.rows or "seed" not in self.rows[0]:
+            return plot_curves([self.rows], self.dir / "curve.png", title=title)
+        groups: dict = {}
+        for row in self.rows:
+            label = ", ".join(f"{k}={row[k]:g}" for k in self.group_keys if k in row)
+            groups.setdefault(label, {}).setdefault(row["seed"], []).append(row)
+        return plot_curves([list(runs.values()) for runs in groups.values()], self.dir / "curve.png", title=title,
+                           labels=list(groups))
 
     def close(self) -> None:
         self._file.close()
@@ -62,8 +78,12 @@ def _num(v: str):
         return v
 
 
-def plot_curves(runs: list[list[dict]], path: str | Path, title: str = "", y: str = "return_mean") -> Path:
-    """Plot `y` against env_steps for one or many runs: mean line and min-max band."""
+def plot_curves(runs: list, path: str | Path, title: str = "", y: str = "return_mean",
+                labels: list[str] | None = None) -> Path:
+    """Plot `y` against env_steps for one or many runs: mean line and min-max band.
+
+    With `labels`, `runs` is a list of groups (each a list of runs): one band per group.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,16 +91,18 @@ def plot_curves(runs: list[list[dict]], path: str | Path, title: str = "", y: st
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    curves = [([float(r["env_steps"]) for r in rows if _finite(r.get(y))],
-               [float(r[y]) for r in rows if _finite(r.get(y))]) for rows in runs]
-    curves = [c for c in curves if c[0]]
-    if len(curves) == 1:
-        ax.plot(*curves[0], label=y)
-    elif curves:
-        grid = np.linspace(max(c[0][0] for c in curves), min(c[0][-1] for c in curves), 200)
-        ys = np.stack([np.interp(grid, *c) for c in curves])
-        ax.plot(grid, ys.mean(0), label=f"{y} (mean of {len(curves)})")
-        ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25)
+    for group, label in zip(runs, labels) if labels is not None else [(runs, "")]:
+        curves = [([float(r["env_steps"]) for r in rows if _finite(r.get(y))],
+                   [float(r[y]) for r in rows if _finite(r.get(y))]) for rows in group]
+        curves = [c for c in curves if c[0]]
+        name = f"{label} {y}".strip()
+        if len(curves) == 1:
+            ax.plot(*curves[0], label=name)
+        elif curves:
+            grid = np.linspace(max(c[0][0] for c in curves), min(c[0][-1] for c in curves), 200)
+            ys = np.stack([np.interp(grid, *c) for c in curves])
+            ax.plot(grid, ys.mean(0), label=f"{name} (mean of {len(curves)})")
+            ax.fill_between(grid, ys.min(0), ys.max(0), alpha=0.25)
     ax.set_xlabel("env steps")
     ax.set_ylabel(y)
     ax.set_title(title)
