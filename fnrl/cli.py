@@ -3,7 +3,7 @@
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-interval N [--eval-episodes K]]
-                    [--sampler serial|async] [--FIELD V ...]
+                    [--sampler serial|async] [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
@@ -23,7 +23,7 @@ import typing
 from fnrl.errors import ConfigError
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return",
-                "eval_interval", "eval_episodes", "sampler")
+                "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -106,7 +106,16 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--sampler", default="serial", choices=["serial", "async"],
                         help="serial: env and policy in this process; async: off-policy sampling in its own "
                              "process writing a shared replay (default: serial)")
+    parser.add_argument("--num-seeds", type=int, default=1, metavar="K",
+                        help="train seeds SEED..SEED+K-1 at once in one process, vmapped (default: 1)")
+    parser.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
+                        help="also train each value of one numeric Config field at once, vmapped "
+                             "(e.g. learning_rate=1e-4,3e-4,1e-3)")
     args = vars(parser.parse_args(argv[1:]))
+    if args["sweep"] is not None:
+        from fnrl.seeds import parse_sweep
+
+        args["sweep"] = parse_sweep(args["sweep"])
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
 

@@ -42,12 +42,28 @@ class Logger:
         self.rows.append(row)
         if self._tb is not None:
             step = int(row["env_steps"])
+            # rows of a vmapped run (fnrl.seeds) carry a `seed` column: one tag prefix per row
+            run_keys = ("seed", *self.group_keys) if "seed" in row else ()
+            prefix = "".join(f"{k}={row[k]}/" for k in run_keys if k in row)
             for k, v in row.items():
-                if k != "env_steps" and isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-                    self._tb.add_scalar(k, v, step)
+                if k != "env_steps" and k not in run_keys and isinstance(v, (int, float)) \
+                        and not (isinstance(v, float) and math.isnan(v)):
+                    self._tb.add_scalar(prefix + k, v, step)
+
+    group_keys: tuple = ()
+    """columns that tell settings apart in a vmapped sweep (fnrl.seeds); set by the loop"""
 
     def plot(self, title: str = "") -> Path:
-        return plot_curves([self.rows], self.dir / "curve.png", title=title)
+        """curve.png: the run's curve, or, for rows with a `seed` column (a vmapped run), the
+        mean and min-max band over seeds, one band per value of `group_keys`."""
+        if not self.rows or "seed" not in self.rows[0]:
+            return plot_curves([self.rows], self.dir / "curve.png", title=title)
+        groups: dict = {}
+        for row in self.rows:
+            label = ", ".join(f"{k}={row[k]:g}" for k in self.group_keys if k in row)
+            groups.setdefault(label, {}).setdefault(row["seed"], []).append(row)
+        return plot_curves({label or "return_mean": list(runs.values()) for label, runs in groups.items()},
+                           self.dir / "curve.png", title=title)
 
     def close(self) -> None:
         self._file.close()

@@ -50,6 +50,7 @@ __all__ = [
     "scale_by_adam",
     "scale_by_rms",
     "scale_by_learning_rate",
+    "scale_by_stored_learning_rate",
     "chain",
     "sgd",
     "adam",
@@ -273,6 +274,29 @@ def scale_by_learning_rate(lr: ScalarOrSchedule) -> GradientTransformation:
         step = state["step"]
         rate = _value_at(lr, step)
         return grads.mul(-rate), TensorDict({"step": step + 1}, batch_size=[])
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_stored_learning_rate(lr: float, schedule: Schedule | None = None) -> GradientTransformation:
+    """out = -lr * schedule(step) * g, with `lr` a tensor held in the state (optax's inject_hyperparams).
+
+    The state is {"lr": float64 0-d, "step": int64 0-d}. Because the rate lives in the
+    state rather than in the closure, states stacked along a leading axis and vmapped
+    over may each hold their own rate (fnrl.seeds: hyperparameter sweeps in one process).
+    `schedule` (optional) multiplies the stored rate, e.g. `linear_schedule(1.0, 0.0, N)`.
+    """
+
+    def init(params):
+        step = init_step(params)
+        return TensorDict({"lr": torch.tensor(float(lr), dtype=torch.float64, device=step.device), "step": step},
+                          batch_size=[])
+
+    def update(grads, state, params=None):
+        step, rate = state["step"], state["lr"]
+        if schedule is not None:
+            rate = rate * schedule(step)
+        return grads.mul(-rate), TensorDict({"lr": state["lr"], "step": step + 1}, batch_size=[])
 
     return GradientTransformation(init, update)
 

@@ -118,7 +118,8 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
           quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
           threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
           stop_return: float | None = None, eval_interval: int | None = None,
-          eval_episodes: int = 10, sampler: str = "serial") -> TrainResult:
+          eval_episodes: int = 10, sampler: str = "serial", num_seeds: int = 1,
+          sweep: dict | None = None) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -126,7 +127,13 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     threads: torch intra-op threads (1 suits small networks on a few cores; None keeps
         torch's default).
     resume: a run folder; training continues from its checkpoint with its config.
-    stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value.
+    stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value
+        (with several seeds: once every seed has had a row that reaches it).
+    num_seeds, sweep: train num_seeds seeds (seed, seed + 1, ...) and, with sweep={FIELD: [v1, ...]},
+        each value of one numeric Config field, all at once in one process (fnrl.seeds): one env
+        pool, the states stacked, acting and the update vmapped. progress.csv then has one row
+        per seed (and value) per log interval, with a `seed` column (and a FIELD column); env
+        steps and total_steps count per seed, `sps` counts all seeds together.
     eval_interval: evaluate the policy without exploration on separate eval envs
         (fnrl.evaluate.OnlineEval) at the first log row after every `eval_interval` env
         steps and at the end: `eval_episodes` full episodes, logged as `eval_return_mean`
@@ -144,10 +151,21 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                               f"run `fnrl train {ckpt['algo']} --resume {resume}`")
         config = type(algos.default_config(name))(**_from_json(ckpt["config"]))
         log_dir, seed = resume, ckpt["seed"]
+        num_seeds, sweep = ckpt.get("num_seeds", 1), ckpt.get("sweep")
     config = config if config is not None else algos.default_config(name)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu")
     module.validate(config)
+    rows = None
+    if num_seeds != 1 or sweep:
+        from fnrl import seeds as vmapped
+
+        rows = vmapped.make_rows(module, config, seed, num_seeds, sweep)
+        sweep = {vmapped.ALIASES.get(k, k): [float(v) for v in vs] for k, vs in sweep.items()} if sweep else None
+    width = len(rows) if rows else 1  # independent rows trained side by side
+    if rows and (sampler != "serial" or eval_interval is not None):
+        raise ConfigError("--num-seeds / --sweep train with the serial sampler and without --eval-interval; "
+                          "drop --sampler / --eval-interval, or run the seeds separately")
     if threads is not None:
         torch.set_num_threads(threads)
     seed_everything(seed)
@@ -162,11 +180,16 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                            quiet=quiet, ckpt=ckpt if resume is not None else None, log_interval=log_interval,
                            checkpoint_every=checkpoint_every, threads=threads, tensorboard=tensorboard, plot=plot,
                            stop_return=stop_return)
-    env = envs.make(config.env_id, config.num_envs, seed=seed)
-    agent = _make_agent(module, config, env.spec, compile)
+    if rows:
+        env = envs.make(config.env_id, width * config.num_envs, seed=vmapped.env_seeds(rows, config.num_envs))
+        agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
+    else:
+        env = envs.make(config.env_id, config.num_envs, seed=seed)
+        agent = _make_agent(module, config, env.spec, compile)
     run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
     (run_dir / "config.json").write_text(json.dumps(
-        {"algo": name, "seed": seed, "config": dataclasses.asdict(config)}, indent=2, default=str))
+        {"algo": name, "seed": seed, "config": dataclasses.asdict(config),
+         **({"num_seeds": num_seeds, "sweep": sweep} if rows else {})}, indent=2, default=str))
 
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
@@ -189,6 +212,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
 
     sampler = SerialSampler(env, agent.act, config.num_steps, device=device)
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None)
+    logger.group_keys = tuple(sweep or ())
     off_policy = module.KIND == "off_policy"
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)
@@ -198,12 +222,15 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         save_checkpoint(run_dir / CHECKPOINT, {
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
+            "numpy_rng": np.random.get_state(), **({"num_seeds": num_seeds, "sweep": sweep} if rows else {}),
         })
 
     def check_finite() -> dict:
         scalars = _finite_metrics(metrics)
         bad = {k: v for k, v in scalars.items() if k.startswith("loss") and not math.isfinite(v)}
+        if rows:  # metrics [R]: one value per row
+            bad.update({k: float(v[~torch.isfinite(v)][0]) for k, v in metrics.items()
+                        if k.startswith("loss") and v.ndim == 1 and not torch.isfinite(v).all()})
         if bad:
             raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step "
                                 f"{counters['env_steps']}; the last good checkpoint is {run_dir / CHECKPOINT}")
@@ -216,6 +243,9 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         bar = tqdm(total=config.total_steps, initial=counters["env_steps"], unit="step", dynamic_ncols=True,
                    desc=f"{name} {config.env_id}")
     ep_returns: list[float] = []
+    row_returns = [[] for _ in range(width)]
+    last_returns = [float("nan")] * width
+    reached = [False] * width
     last_return = float("nan")
     next_log = counters["env_steps"] + log_interval
     next_ckpt = counters["env_steps"] + checkpoint_every
@@ -229,9 +259,13 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
             rollout = sampler.collect(state)
             counters["env_steps"] += steps_per_collect
             state["env_steps"] += steps_per_collect
-            ended = rollout["episode_end"]
-            if ended.any():
-                ep_returns.extend(rollout["episode_return"][ended].tolist())
+            if rows:
+                for r, g in enumerate(vmapped.episode_returns_by_row(rollout, width)):
+                    row_returns[r].extend(g)
+            else:
+                ended = rollout["episode_end"]
+                if ended.any():
+                    ep_returns.extend(rollout["episode_return"][ended].tolist())
             if not off_policy:
                 state, metrics = agent.update(state, rollout)
                 counters["updates"] += 1
@@ -277,12 +311,21 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                        "return_mean": last_return if ep_returns else float("nan"),
                        "episodes": len(ep_returns)}
                 row.update({k: v for k, v in scalars.items() if k != "priority"})
-                if online_eval is not None:
-                    last = counters["env_steps"] >= config.total_steps or (
-                        stop_return is not None and row["return_mean"] >= stop_return)
-                    row.update(online_eval(state, counters["env_steps"], final=last))
-                logger.log(row)
-                solved = stop_return is not None and row["return_mean"] >= stop_return
+                if rows:
+                    row["sps"] = round(row["sps"] * width, 1)
+                    _log_rows(logger, row, rows, row_returns, last_returns, reached, metrics, stop_return)
+                    counters["episodes"] += sum(map(len, row_returns))
+                    row_returns = [[] for _ in range(width)]
+                    last_return = float(np.nanmean(last_returns)) if not all(map(math.isnan, last_returns)) \
+                        else float("nan")
+                    solved = all(reached)
+                else:
+                    if online_eval is not None:
+                        last = counters["env_steps"] >= config.total_steps or (
+                            stop_return is not None and row["return_mean"] >= stop_return)
+                        row.update(online_eval(state, counters["env_steps"], final=last))
+                    logger.log(row)
+                    solved = stop_return is not None and row["return_mean"] >= stop_return
                 ep_returns = []
                 t_log, steps_log = now, counters["env_steps"]
                 if bar is not None:
@@ -301,8 +344,26 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         if online_eval is not None:
             online_eval.close()
     if plot:
-        logger.plot(title=f"{name} {config.env_id} seed {seed}")
+        seeds_text = f"seeds {seed}-{seed + num_seeds - 1}" if num_seeds > 1 else f"seed {seed}"
+        logger.plot(title=f"{name} {config.env_id} {seeds_text}" + (f", sweep {', '.join(sweep)}" if sweep else ""))
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+
+
+def _log_rows(logger, row, rows, row_returns, last_returns, reached, metrics, stop_return):
+    """One progress row per row of a vmapped run (seed / swept value): its own episodes,
+    return_mean and metrics; `reached[r]` records whether row r ever reached stop_return."""
+    from fnrl import seeds as vmapped
+
+    per_row = vmapped.metric_rows(metrics, len(rows))
+    for r, run in enumerate(rows):
+        if row_returns[r]:
+            last_returns[r] = float(np.mean(row_returns[r]))
+        out = {k: row[k] for k in ("env_steps", "updates", "wall_s", "sps")}
+        out.update(run.labels)
+        out.update(return_mean=last_returns[r] if row_returns[r] else float("nan"), episodes=len(row_returns[r]))
+        out.update(per_row[r] if per_row else {})
+        logger.log(out)
+        reached[r] = reached[r] or (stop_return is not None and out["return_mean"] >= stop_return)
 
 
 def _init_replay(config, rollout, spec, device):

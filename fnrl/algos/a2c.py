@@ -27,6 +27,10 @@ from fnrl.returns import gae
 
 KIND = "on_policy"
 
+SWEEPABLE = ("learning_rate", "ent_coef", "vf_coef", "gamma", "gae_lambda")
+"""Config fields held as tensors in the state (`state["hp"]`, the optimizer's stored rate),
+so `fnrl train a2c --sweep FIELD=v1,v2` can train several values in one vmapped process."""
+
 
 @dataclass
 class Config:
@@ -88,14 +92,18 @@ def make(config: Config, spec: EnvSpec) -> Agent:
     build, rnn, policy = config_policy(config, spec)
     recurrent = rnn is not None
     updates = max(1, config.total_steps // (config.num_envs * config.num_steps))
-    lr = optim.linear_schedule(config.learning_rate, 0.0, updates) if config.anneal_lr else config.learning_rate
+    decay = optim.linear_schedule(1.0, 0.0, updates) if config.anneal_lr else None
     opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm),
-                      optim.rmsprop(lr, alpha=config.rms_alpha, eps=config.rms_eps))
+                      optim.scale_by_rms(alpha=config.rms_alpha, eps=config.rms_eps),
+                      optim.scale_by_stored_learning_rate(config.learning_rate, decay))
 
     def init(seed: int) -> TensorDict:
         params = init_params(build, seed)
+        hp = {k: torch.tensor(float(getattr(config, k))) for k in SWEEPABLE if k != "learning_rate"}
         return TensorDict({"params": params, "opt_state": opt.init(params),
-                           "env_steps": torch.zeros((), dtype=torch.int64)}, batch_size=[])
+                           "env_steps": torch.zeros((), dtype=torch.int64),
+                           "seed": torch.tensor(seed, dtype=torch.int64), "hp": TensorDict(hp, batch_size=[])},
+                          batch_size=[])
 
     def act(state, obs, carry, explore: bool = True):
         extras = {}
@@ -106,7 +114,7 @@ def make(config: Config, spec: EnvSpec) -> Agent:
         action = dist.sample(*d) if explore else dist.mode(*d)
         return action, extras, carry
 
-    def loss(params, rollout):
+    def loss(params, rollout, hp):
         if recurrent:  # re-unroll the segment from its stored initial state, one step past its end
             d, value = rnn.rollout_unroll(params, torch.cat([rollout["obs"], rollout["next_obs"][-1:]]), rollout)
             d, value, last_value = tuple(x[:-1] for x in d), value[:-1], value[-1]
@@ -114,18 +122,19 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             d, value = policy(params, rollout["obs"])
             _, last_value = policy(params, rollout["next_obs"][-1])
         next_value = torch.cat([value[1:], last_value[None]]).detach()
-        discount = config.gamma * (~rollout["terminated"]).to(value.dtype)
-        advantage = gae(rollout["reward"], value.detach(), next_value, discount, rollout["done"], config.gae_lambda)
+        discount = hp["gamma"] * (~rollout["terminated"]).to(value.dtype)
+        advantage = gae(rollout["reward"], value.detach(), next_value, discount, rollout["done"], hp["gae_lambda"])
         valid = rollout["valid"]
         pg = losses.policy_gradient_loss(dist.log_prob(*d, rollout["action"]), advantage)
         v_loss = losses.squared_loss(value - (advantage + value.detach()))
         entropy = dist.entropy(*d)
-        total = masked_mean(pg + config.vf_coef * v_loss - config.ent_coef * entropy, valid)
+        total = masked_mean(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy, valid)
         return total, {"loss/policy": masked_mean(pg, valid).detach(), "loss/value": masked_mean(v_loss, valid).detach(),
                        "loss/entropy": masked_mean(entropy, valid).detach()}
 
     def update(state: TensorDict, rollout: TensorDict):
-        params, opt_state, metrics = gradient_step(loss, state["params"], opt, state["opt_state"], rollout)
+        params, opt_state, metrics = gradient_step(loss, state["params"], opt, state["opt_state"], rollout,
+                                                   state["hp"])
         new_state = state.copy()
         new_state["params"], new_state["opt_state"] = params, opt_state
         return new_state, TensorDict(metrics, batch_size=[])

@@ -36,6 +36,10 @@ from fnrl.returns import gae, reverse_linear_recurrence
 
 KIND = "on_policy"
 
+SWEEPABLE = ("learning_rate", "ent_coef", "vf_coef", "clip_coef", "gamma", "gae_lambda")
+"""Config fields held as tensors in the state (`state["hp"]`, the optimizer's stored rate),
+so `fnrl train ppo --sweep FIELD=v1,v2` can train several values in one vmapped process."""
+
 
 @dataclass
 class Config:
@@ -137,13 +141,26 @@ def _forward_return(reward, done, gamma, carry):
     return ret, decay[-1] * ret[-1]
 
 
-def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
+def _permutations(seed: int, env_steps: int, epochs: int, size: int) -> torch.Tensor:
+    """`epochs` random permutations of range(size) [epochs, size], a pure function of
+    (seed, env_steps): a run's minibatches depend on its own seed only, never on the
+    global RNG, so seed k of a vmapped run (fnrl.seeds) draws what a single run would."""
+    g = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + env_steps) % 2**64)
+    return torch.rand(epochs, size, generator=g).argsort(-1)
+
+
+def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = False) -> Agent:
     """Bind PPO to an environment: returns `Agent(init, act, update)`.
 
     `update` runs all epochs and minibatches of one iteration. Its pieces (advantage
     computation, one minibatch step) are pure; with `compile=True` each is compiled
     once with `fullgraph=True` and reused for every minibatch, which keeps compile time
     independent of the number of epochs and minibatches.
+
+    batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and
+    trains the K rows independently: each piece is `torch.func.vmap`-ed over the leading
+    axis before it is compiled (fnrl.seeds uses it for many seeds / settings at once).
+    The fields in SWEEPABLE are read from the state, so rows may differ in them.
     """
     validate(config, spec)
     dist = action_dist(spec)
@@ -154,8 +171,9 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
     mb_size = (B if recurrent else n) // config.num_minibatches
     iterations = max(1, config.total_steps // n)
     grad_steps = iterations * config.update_epochs * config.num_minibatches
-    lr = optim.linear_schedule(config.learning_rate, 0.0, grad_steps) if config.anneal_lr else config.learning_rate
-    opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.adam(lr, eps=config.adam_eps))
+    decay = optim.linear_schedule(1.0, 0.0, grad_steps) if config.anneal_lr else None
+    opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.scale_by_adam(eps=config.adam_eps),
+                      optim.scale_by_stored_learning_rate(config.learning_rate, decay))
 
     build, rnn, policy = config_policy(config, spec)
 
@@ -171,7 +189,9 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
 
     def init(seed: int) -> TensorDict:
         params = init_params(build, seed)
-        state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64)}
+        hp = {k: torch.tensor(float(getattr(config, k))) for k in SWEEPABLE if k != "learning_rate"}
+        state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64),
+                 "seed": torch.tensor(seed, dtype=torch.int64), "hp": TensorDict(hp, batch_size=[])}
         if config.normalize_obs:
             state["obs_rms"] = rms_init(spec.obs_shape)
         if config.normalize_reward:
@@ -190,7 +210,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         action = dist.sample(*d) if explore else dist.mode(*d)
         return action, {"logp": dist.log_prob(*d, action), "value": value, **extras}, carry
 
-    def loss(params, mb, clip, kl_coef):
+    def loss(params, mb, clip, kl_coef, hp):
         d, value = forward(params, mb)
         logp = dist.log_prob(*d, mb["action"])
         valid = mb["valid"]
@@ -210,7 +230,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         else:
             v_loss = losses.squared_loss(value - mb["target"])
         entropy = dist.entropy(*d)
-        total = masked_mean(pg + config.vf_coef * v_loss - config.ent_coef * entropy, valid)
+        total = masked_mean(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy, valid)
         return total, {
             "loss/policy": masked_mean(pg, valid).detach(),
             "loss/value": masked_mean(v_loss, valid).detach(),
@@ -222,12 +242,12 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
     def prepare(state: TensorDict, rollout: TensorDict):
         """Advantages, targets and normalizer updates: the training batch ([T*B] steps, or
         [T, B] sequences for a recurrent policy)."""
-        params = state["params"]
+        params, hp = state["params"], state["hp"]
         new_state = state.copy()
         obs = observe(state, rollout["obs"])
         reward = rollout["reward"]
         if config.normalize_reward:
-            ret, new_state["ret"] = _forward_return(reward, rollout["done"], config.gamma, state["ret"])
+            ret, new_state["ret"] = _forward_return(reward, rollout["done"], hp["gamma"], state["ret"])
             rew_rms = rms_update(state["rew_rms"], ret.reshape(-1), rollout["valid"].reshape(-1))
             reward = reward / torch.sqrt(rew_rms["var"] + 1e-8)
             new_state["rew_rms"] = rew_rms
@@ -242,8 +262,8 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         else:
             _, last_value = policy(params, observe(state, rollout["next_obs"][-1]))
         next_value = torch.cat([value[1:], last_value[None]])
-        discount = config.gamma * (~rollout["terminated"]).to(value.dtype)
-        advantage = gae(reward, value, next_value, discount, rollout["done"], config.gae_lambda)
+        discount = hp["gamma"] * (~rollout["terminated"]).to(value.dtype)
+        advantage = gae(reward, value, next_value, discount, rollout["done"], hp["gae_lambda"])
         batch = {"obs": obs, "action": rollout["action"], "logp": rollout["logp"], "value": value,
                  "advantage": advantage, "target": advantage + value, "valid": rollout["valid"]}
         if recurrent:
@@ -256,15 +276,15 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         if not recurrent:
             flat = flat.reshape(n)
         progress = state["env_steps"].to(torch.float32) / config.total_steps
-        clip = config.clip_coef * (1.0 - progress).clamp(min=0.0) if config.anneal_clip else torch.tensor(config.clip_coef)
+        clip = hp["clip_coef"] * (1.0 - progress).clamp(min=0.0) if config.anneal_clip else hp["clip_coef"]
         valid, target = flat["valid"], flat["target"]
         var_t = masked_mean((target - masked_mean(target, valid)) ** 2, valid)
         explained_var = 1 - masked_mean((target - flat["value"]) ** 2, valid) / (var_t + 1e-8)
         return new_state, flat, clip, explained_var
 
-    def minibatch_step(params, opt_state, flat, index, clip, kl_coef):
+    def minibatch_step(params, opt_state, flat, index, clip, kl_coef, hp):
         mb = flat[:, index] if recurrent else flat[index]
-        return gradient_step(loss, params, opt, opt_state, mb, clip, kl_coef)
+        return gradient_step(loss, params, opt, opt_state, mb, clip, kl_coef, hp)
 
     def kl_adapt(params, flat, kl_coef):
         """BatchPPO's penalty coefficient update from the KL between old and new policy."""
@@ -273,6 +293,9 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
         kl = masked_mean(dist.kl(old_dist, new_dist), flat["valid"])
         return losses.adaptive_kl_coef(kl_coef, kl, config.kl_target)
 
+    if batched:
+        prepare, minibatch_step, kl_adapt = (torch.func.vmap(f, randomness="different")
+                                             for f in (prepare, minibatch_step, kl_adapt))
     if compile:
         prepare, minibatch_step, kl_adapt = (torch.compile(f, fullgraph=True)
                                              for f in (prepare, minibatch_step, kl_adapt))
@@ -280,19 +303,22 @@ def make(config: Config, spec: EnvSpec, compile: bool = False) -> Agent:
     def update(state: TensorDict, rollout: TensorDict):
         """All epochs x minibatches of one iteration: the compiled pieces, sequenced."""
         new_state, flat, clip, explained_var = prepare(state, rollout)
-        params, opt_state = state["params"], state["opt_state"]
-        kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(())
-        perms = torch.rand(config.update_epochs, B if recurrent else n, device=flat.device).argsort(-1)
-        perms = perms.view(-1, mb_size)
+        params, opt_state, hp = state["params"], state["opt_state"], state["hp"]
+        rows = state.batch_size  # [] or [K] (batched)
+        kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(rows)
+        seeds, steps = state["seed"].reshape(-1).tolist(), state["env_steps"].reshape(-1).tolist()
+        perms = torch.stack([_permutations(s, t, config.update_epochs, B if recurrent else n)
+                             for s, t in zip(seeds, steps)]).to(flat.device)
+        perms = perms.view(*rows, -1, mb_size)
         history = []
-        for index in perms:
-            params, opt_state, m = minibatch_step(params, opt_state, flat, index, clip, kl_coef)
+        for index in perms.unbind(len(rows)):
+            params, opt_state, m = minibatch_step(params, opt_state, flat, index, clip, kl_coef, hp)
             history.append(m)
-        metrics = {k: torch.stack([m[k] for m in history]).mean() for k in history[0]}
+        metrics = {k: torch.stack([m[k] for m in history]).mean(0) for k in history[0]}
         if config.penalty == "kl":
             new_state["kl_coef"] = metrics["kl_coef"] = kl_adapt(params, flat, kl_coef)
         metrics.update(explained_variance=explained_var, clip_coef=clip)
         new_state["params"], new_state["opt_state"] = params, opt_state
-        return new_state, TensorDict(metrics, batch_size=[])
+        return new_state, TensorDict(metrics, batch_size=rows)
 
     return Agent(init=init, act=act, update=update)

@@ -1,0 +1,185 @@
+"""Many seeds and hyperparameter settings trained at once in one process (`--num-seeds`, `--sweep`).
+
+A run with `seed=s, num_seeds=K` (and optionally `sweep={FIELD: [v_1, ..., v_V]}`) trains
+R = V x K independent *rows*. Row r = (value index i, seed index k) is exactly the single run
+`train(..., seed=s + k)` with `FIELD = v_i`:
+
+- its state is `agent_i.init(s + k)`, where `agent_i` is the algorithm bound to the config
+  with FIELD = v_i; the R states are stacked into one TensorDict [R, ...];
+- its B envs are envs `r*B .. (r+1)*B - 1` of one EnvPool of R x B envs, seeded one by one
+  (EnvPool takes a list of per-env seeds) with `s + k + j`, j = 0..B-1: the very seeds a
+  single run with seed s + k gives its envs (EnvPool seeds env j of a run with seed S as
+  S + j). Rows s and s + 1 thus share B - 1 env seeds, exactly as two separate runs do;
+- acting and the update are `torch.func.vmap`-ed over the row axis
+  (`randomness="different"`) and then compiled; the update reads every swept field from
+  the state (the algorithm's SWEEPABLE fields), so one compiled function serves all rows.
+
+What is reproducible row by row: the initial state, the env seeds, and the update as a
+function of (state, rollout), including PPO's minibatch permutations (drawn from a
+generator seeded by the row's seed and env step count, not from the global RNG). What is
+not: actions sampled while acting come from the global torch RNG (one draw for all rows),
+so after the first sampled action a row's trajectory is a different sample than its single
+run's, with the same distribution.
+
+    rows = make_rows(ppo, ppo.Config(), seed=0, num_seeds=4, sweep={"learning_rate": [1e-3, 3e-4]})
+    agent = make_agent(ppo, rows, env_spec, num_envs=8, compile=True)
+    state = agent.init(0)                 # [8, ...]: the 8 rows' states stacked
+    action, extras, _ = agent.act(state, obs, None)     # obs [8 * B, ...] -> action [8 * B]
+    state, metrics = agent.update(state, rollout)       # rollout [T, 8 * B]; metrics [8]
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import NamedTuple
+
+import torch
+
+from fnrl.algos.common import Agent
+from fnrl.errors import ConfigError
+
+ALIASES = {"lr": "learning_rate"}
+"""Short names accepted by `--sweep` (`lr=1e-4,3e-4` is `learning_rate=1e-4,3e-4`)."""
+
+
+class Row(NamedTuple):
+    """One independent run inside a vmapped run: its seed, its config and its labels
+    (the columns that tell it apart in progress.csv: `seed` and any swept field)."""
+
+    seed: int
+    config: object
+    labels: dict
+
+
+def parse_sweep(text: str) -> dict:
+    """`"FIELD=v1,v2,..."` -> `{"FIELD": [v1, v2, ...]}` (values as floats; dashes in FIELD
+    read as underscores, `lr` as `learning_rate`)."""
+    field, sep, values = text.partition("=")
+    field = field.strip().lstrip("-").replace("-", "_")
+    field = ALIASES.get(field, field)
+    if not sep or not field or not values.strip():
+        raise ConfigError(f"--sweep {text!r}: write FIELD=V1,V2,... (e.g. --sweep learning_rate=1e-4,3e-4)")
+    try:
+        return {field: [float(v) for v in values.split(",")]}
+    except ValueError:
+        raise ConfigError(f"--sweep {text!r}: the values must be numbers separated by commas") from None
+
+
+def supports(module) -> bool:
+    """True for algorithms whose update vmaps over rows: on-policy, feed-forward (ppo, a2c)."""
+    return getattr(module, "KIND", None) == "on_policy" and hasattr(module, "SWEEPABLE")
+
+
+def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None = None) -> list[Row]:
+    """The rows of a vmapped run: for each swept value (outer), for each seed s..s+K-1 (inner).
+
+    Raises ConfigError (before any work) for a non-positive num_seeds, an algorithm or
+    config that cannot be vmapped, a sweep over a field outside the algorithm's
+    SWEEPABLE list, or a swept value the algorithm rejects.
+    """
+    if not isinstance(num_seeds, int) or num_seeds < 1:
+        raise ConfigError(f"--num-seeds must be a positive integer, got {num_seeds!r}")
+    name = module.__name__.rsplit(".", 1)[-1]
+    if not supports(module):
+        raise ConfigError(f"--num-seeds / --sweep are not supported for {name} yet; "
+                          f"use ppo or a2c, or separate runs (one per --seed)")
+    if getattr(config, "core", "none") != "none":
+        raise ConfigError(f"--num-seeds / --sweep need a feed-forward policy; --core {config.core} is not "
+                          f"supported yet (use separate runs)")
+    sweep = dict(sweep or {})
+    if len(sweep) > 1:
+        raise ConfigError(f"--sweep takes one field, got {', '.join(sweep)}; use separate runs for a grid")
+    configs = [(config, {})]
+    for field, values in sweep.items():
+        field = ALIASES.get(field, field)
+        if field not in module.SWEEPABLE:
+            raise ConfigError(f"--sweep {field}: not a sweepable field of {name}; "
+                              f"choose one of {', '.join(module.SWEEPABLE)}")
+        values = list(values)
+        if not values:
+            raise ConfigError(f"--sweep {field}: give at least one value")
+        configs = [(dataclasses.replace(config, **{field: type(getattr(config, field))(v)}),
+                    {field: type(getattr(config, field))(v)}) for v in values]
+    for c, _ in configs:
+        module.validate(c)
+    return [Row(seed + k, c, {"seed": seed + k, **labels}) for c, labels in configs for k in range(num_seeds)]
+
+
+def env_seeds(rows: list[Row], num_envs: int) -> list[int]:
+    """Per-env seeds of the pool of len(rows) x num_envs envs: row r's env j gets
+    rows[r].seed + j, as in a single run with seed rows[r].seed."""
+    return [row.seed + j for row in rows for j in range(num_envs)]
+
+
+def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = True) -> Agent:
+    """An `Agent` over R = len(rows) stacked rows, each bound to its own config.
+
+    init(seed) -> state [R, ...]: `agent_r.init(rows[r].seed)` stacked (the argument only
+        keeps the Agent signature; the rows carry their seeds).
+    act(state [R], obs [R * B, ...], carry, explore) -> (action [R * B], extras [R * B], None):
+        obs is split into [R, B, ...], the algorithm's act vmapped over R, and the
+        outputs flattened back, so a sampler sees one batch of R * B envs.
+    update(state [R], rollout [T, R * B]) -> (state [R], metrics [R]): the rollout is
+        viewed as [R, T, B] and the update vmapped over R (`randomness="different"`).
+    With `compile=True` act and update are compiled once (`fullgraph=True`).
+    """
+    R, B = len(rows), num_envs
+    makes_batched = "batched" in inspect.signature(module.make).parameters
+    row_agents = [module.make(row.config, spec) for row in rows]
+    base = rows[0].config
+    if makes_batched:  # the module vmaps (and compiles) the pieces its update sequences
+        update_rows = module.make(base, spec, compile=compile, batched=True).update
+    else:
+        update_rows = torch.func.vmap(row_agents[0].update, randomness="different")
+        if compile:
+            update_rows = torch.compile(update_rows, fullgraph=True)
+    single_act = row_agents[0].act
+
+    def init(seed: int | None = None):
+        return torch.stack([agent.init(row.seed) for agent, row in zip(row_agents, rows)])
+
+    def act_rows(state, obs, explore: bool):
+        def one(s, o):
+            action, extras, _ = single_act(s, o, None, explore)
+            return action, dict(extras)
+
+        action, extras = torch.func.vmap(one, randomness="different")(state, obs.reshape(R, B, *obs.shape[1:]))
+        return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}
+
+    if compile:
+        act_rows = torch.compile(act_rows, fullgraph=True)
+
+    def act(state, obs, carry=None, explore: bool = True):
+        action, extras = act_rows(state, obs, explore)
+        return action, extras, None
+
+    def update(state, rollout):
+        T = rollout.batch_size[0]
+        return update_rows(state, rollout.reshape(T, R, B).transpose(0, 1))
+
+    return Agent(init=init, act=act, update=update)
+
+
+def split_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[T, R * B, ...] -> [T, R, B, ...] (a view): the rows of a vmapped run's rollout tensor."""
+    return x.reshape(x.shape[0], num_rows, -1, *x.shape[2:])
+
+
+def episode_returns_by_row(rollout, num_rows: int) -> list[list[float]]:
+    """The returns of the episodes that ended in `rollout` [T, R * B], grouped by row."""
+    ended = split_rows(rollout["episode_end"], num_rows)
+    if not ended.any():
+        return [[] for _ in range(num_rows)]
+    returns = split_rows(rollout["episode_return"], num_rows)
+    row_index = ended.nonzero()[:, 1].tolist()
+    out = [[] for _ in range(num_rows)]
+    for r, g in zip(row_index, returns[ended].tolist()):
+        out[r].append(g)
+    return out
+
+
+def metric_rows(metrics, num_rows: int) -> list[dict]:
+    """Metrics [R] (a TensorDict of [R] tensors) -> one dict of floats per row."""
+    scalars = {k: v for k, v in metrics.items() if torch.is_tensor(v) and v.shape == (num_rows,)}
+    table = {k: v.tolist() for k, v in scalars.items()}
+    return [{k: vals[r] for k, vals in table.items()} for r in range(num_rows)]
