@@ -30,7 +30,7 @@ from fnrl import algos, envs
 from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_FORMAT = "fnrl-checkpoint-v1"
+CHECKPOINT_FORMAT = "fnrl-checkpoint-v2"  # v2: PPO/A2C states hold seed, hp and a stored learning rate
 SAMPLERS = ("serial", "async")
 
 
@@ -79,7 +79,11 @@ def load_checkpoint(path: str | Path) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or foreign file
         raise ConfigError(f"{path} is not a readable fnrl checkpoint ({type(e).__name__}); it may be corrupt") from e
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+    tag = ckpt.get("format") if isinstance(ckpt, dict) else None
+    if isinstance(tag, str) and tag.startswith("fnrl-checkpoint-") and tag != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{path} was written by another fnrl version (format {tag!r}; this one reads "
+                          f"{CHECKPOINT_FORMAT!r}); evaluate or resume it with that version, or retrain")
+    if tag != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path} is not an fnrl checkpoint (missing format tag {CHECKPOINT_FORMAT!r})")
     return ckpt
 

@@ -85,6 +85,9 @@ def test_corrupt_checkpoint_is_refused(tmp_path, capsys):
     torch.save({"weights": 1}, tmp_path / "checkpoint.pt")
     assert main(["eval", str(tmp_path)]) == 2
     assert "not an fnrl checkpoint" in capsys.readouterr().err
+    torch.save({"format": "fnrl-checkpoint-v1", "algo": "ppo"}, tmp_path / "checkpoint.pt")
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "written by another fnrl version" in capsys.readouterr().err
 
 
 def test_stop_return_ends_the_run_at_the_first_interval_that_reaches_it(tmp_path):
