@@ -138,6 +138,8 @@ def _eval(argv: list[str]) -> int:
                         help="episodes of env 0 in the video (default: 1)")
     parser.add_argument("--fps", type=float, default=30.0, help="video frames per second (default: 30)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--row", type=int, default=None, metavar="K",
+                        help="row K of a vmapped run (--num-seeds / --sweep), in progress.csv's order")
     args = parser.parse_args(argv)
     if args.episodes < 1 or args.threads < 1:
         raise ConfigError("--episodes and --threads must be at least 1")
@@ -147,7 +149,7 @@ def _eval(argv: list[str]) -> int:
     from fnrl.evaluate import evaluate_checkpoint, summarize
 
     name, returns = evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, record_video=args.record_video,
-                                        record_episodes=args.record_episodes, fps=args.fps)
+                                        record_episodes=args.record_episodes, fps=args.fps, row=args.row)
     print(f"{name}: {summarize(returns)}" + (f"; video in {args.record_video}" if args.record_video else ""))
     return 0
 

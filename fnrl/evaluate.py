@@ -145,29 +145,41 @@ class OnlineEval:
         self.evaluator.close()
 
 
-def _load(path):
+def _load(path, row: int | None = None):
+    """(algo, config, state) of a checkpoint; for a vmapped run (--num-seeds / --sweep), of
+    its row `row` (required when it has several)."""
     ckpt = load_checkpoint(path)
     name = ckpt["algo"]
-    return name, type(algos.default_config(name))(**_from_json(ckpt["config"])), ckpt["state"]
+    state = ckpt["state"]
+    rows = state.batch_size[0] if state.batch_dims else None
+    if rows is None and row not in (None, 0):
+        raise ConfigError(f"{path} holds one run; drop --row")
+    if rows is not None:
+        if row is None or not 0 <= row < rows:
+            raise ConfigError(f"{path} holds {rows} vmapped rows (--num-seeds / --sweep); pick one with "
+                              f"--row K, K in 0..{rows - 1} (the seed / value order of progress.csv)")
+        state = state[row]
+    return name, type(algos.default_config(name))(**_from_json(ckpt["config"])), state
 
 
 def evaluate_checkpoint(path, episodes: int = 10, seed: int = 10_000, record_video=None, record_episodes: int = 1,
-                        fps: float = 30.0) -> tuple[str, list[float]]:
+                        fps: float = 30.0, row: int | None = None) -> tuple[str, list[float]]:
     """Load a checkpoint (file or run folder) and evaluate it; returns (algo name, returns).
 
+    row: which row of a vmapped run (--num-seeds / --sweep) to evaluate.
     record_video: a .mp4 (OpenCV) or .gif (Pillow) path that receives env 0's frames
         (`render_mode="rgb_array"`: EnvPool's renderer, or gymnasium's for gymnasium envs)
         of its first `record_episodes` episodes, at `fps` frames per second.
     """
     if record_video is None:
-        name, config, state = _load(path)
+        name, config, state = _load(path, row)
         return name, evaluate_state(name, config, state, episodes, seed)
     from fnrl.video import VideoWriter, check_video_path
 
     check_video_path(record_video)
     if record_episodes < 1:
         raise ConfigError(f"--record-episodes must be at least 1, got {record_episodes}")
-    name, config, state = _load(path)
+    name, config, state = _load(path, row)
     with VideoWriter(record_video, fps=fps) as video:
         evaluator = Evaluator(name, config, episodes=episodes, seed=seed, record=video,
                               record_episodes=record_episodes)

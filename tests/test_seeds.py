@@ -169,3 +169,8 @@ def test_cli_options(tmp_path, capsys):
     assert main(["train", "ppo", "--sweep", "num_envs=4,8", *tiny[:-2], "--log-dir", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert "not a sweepable field" in err and len(err.splitlines()) == 1
+    assert main(["eval", str(run), "--episodes", "1"]) == 2     # a vmapped run: which row?
+    err = capsys.readouterr().err.strip()
+    assert "holds 4 vmapped rows" in err and "--row K" in err and len(err.splitlines()) == 1
+    assert main(["eval", str(run), "--episodes", "1", "--row", "3"]) == 0
+    assert "1 episodes" in capsys.readouterr().out
