@@ -2,7 +2,7 @@
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
-                    [--stop-return R] [--FIELD V ...]
+                    [--stop-return R] [--nproc N] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
@@ -18,7 +18,7 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return")
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return", "nproc")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -93,6 +93,9 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--stop-return", type=float, default=None, metavar="R",
                         help="stop early once a log interval's mean episode return reaches R (default: never)")
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="data-parallel processes on this machine, gradients averaged (fnrl.distributed); "
+                             "--total-steps is the whole run's (default: 1; under torchrun leave it out)")
     args = vars(parser.parse_args(argv[1:]))
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
@@ -123,6 +126,12 @@ def _eval(argv: list[str]) -> int:
 COMMANDS = {"train": _train, "eval": _eval}
 
 
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -134,14 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"unknown command {argv[0]!r}; use one of: {', '.join(COMMANDS)}")
         return command(argv[1:])
     except ConfigError as e:
-        print(f"fnrl: error: {e}", file=sys.stderr)
+        if _rank() == 0:   # under torchrun every rank stops with the same error: say it once
+            print(f"fnrl: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
         from fnrl.train import TrainingError
 
         if not isinstance(e, TrainingError):
             raise
-        print(f"fnrl: training stopped: {e}", file=sys.stderr)
+        if _rank() == 0:
+            print(f"fnrl: training stopped: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("fnrl: interrupted; the last checkpoint is intact", file=sys.stderr)

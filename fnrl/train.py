@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fnrl import algos, envs
+from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
@@ -109,11 +110,34 @@ def _finite_metrics(metrics) -> dict:
     return {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.ndim == 0}
 
 
-def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
-          quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
-          threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
-          stop_return: float | None = None) -> TrainResult:
+def train(name: str, config=None, *, nproc: int | None = None, **kwargs) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
+
+    nproc: run N data-parallel processes on this machine (fnrl.distributed; gradients averaged
+        over the ranks) and return rank 0's result. Under `torchrun` (WORLD_SIZE > 1) every
+        process calling `train` is one rank of the run. Distributed runs: `config.total_steps`
+        is the whole run's budget (each rank steps total_steps / N); every other field is per
+        rank (num_envs, batch_size, buffer_size, learning_starts).
+    Other keywords: see `_train`.
+    """
+    if nproc is not None and nproc != 1:
+        from fnrl.distributed.launch import train_processes
+
+        return train_processes(nproc, name, config, **kwargs)
+    from fnrl.distributed import world_from_env
+
+    world = world_from_env(kwargs.get("device", "cpu"))
+    try:
+        return _train(world, name, config, **kwargs)
+    finally:
+        world.close()
+
+
+def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
+           quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
+           threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
+           stop_return: float | None = None) -> TrainResult:
+    """One process (of `world`, a fnrl.distributed World) of `train`.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
     checkpoint_every: env steps between checkpoints (default: 10 per run, and the end).
@@ -124,7 +148,12 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     """
     module = algos.load(name)
     if resume is not None:
-        ckpt = load_checkpoint(resume)
+        with world.agree():
+            ckpt = load_checkpoint(resume) if world.main else None
+        ckpt = world.broadcast_object(ckpt)
+        if ckpt.get("world_size", 1) != world.size:
+            raise ConfigError(f"checkpoint {resume} was written by {ckpt.get('world_size', 1)} processes; resume it "
+                              f"with --nproc {ckpt.get('world_size', 1)}, not {world.size}")
         if ckpt["algo"] != name:
             raise ConfigError(f"checkpoint {resume} is from {ckpt['algo']}, not {name}; "
                               f"run `fnrl train {ckpt['algo']} --resume {resume}`")
@@ -134,14 +163,21 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu")
     module.validate(config)
+    device = world.device(device)
+    run_config = config   # as asked: saved in config.json and checkpoints; a rank runs its share of total_steps
+    if world.size > 1:
+        config = dataclasses.replace(config, total_steps=-(-config.total_steps // world.size))
     if threads is not None:
         torch.set_num_threads(threads)
-    seed_everything(seed)
-    env = envs.make(config.env_id, config.num_envs, seed=seed)
+    seed_everything(seed + world.rank)
+    # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
+    env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
     agent = _make_agent(module, config, env.spec, compile)
-    run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
-    (run_dir / "config.json").write_text(json.dumps(
-        {"algo": name, "seed": seed, "config": dataclasses.asdict(config)}, indent=2, default=str))
+    with world.agree():
+        run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None) if world.main else None
+    if world.main:
+        (run_dir / "config.json").write_text(json.dumps(
+            {"algo": name, "seed": seed, "config": dataclasses.asdict(run_config)}, indent=2, default=str))
 
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
@@ -149,29 +185,34 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     if resume is not None:
         state = ckpt["state"]
         counters = ckpt["counters"]
-        torch.set_rng_state(ckpt["torch_rng"])
-        np.random.set_state(ckpt["numpy_rng"])
-    state = state.to(device)
+        if world.main:   # the checkpoint holds rank 0's RNG; other ranks reseed from where the run stands
+            torch.set_rng_state(ckpt["torch_rng"])
+            np.random.set_state(ckpt["numpy_rng"])
+        else:
+            seed_everything(seed + world.rank + 7919 * counters["env_steps"])
+    state = world.broadcast_state(state.to(device))   # identical parameters on every rank
 
     from fnrl.logger import Logger
     from fnrl.samplers import SerialSampler
 
     sampler = SerialSampler(env, agent.act, config.num_steps, device=device)
-    logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None)
+    logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None) if world.main else RowsOnly()
     off_policy = module.KIND == "off_policy"
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)
     checkpoint_every = checkpoint_every or max(steps_per_collect, config.total_steps // 10)
 
     def checkpoint():
+        if not world.main:
+            return
         save_checkpoint(run_dir / CHECKPOINT, {
-            "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
+            "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(run_config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
+            "numpy_rng": np.random.get_state(), "world_size": world.size,
         })
 
     def check_finite() -> dict:
-        scalars = _finite_metrics(metrics)
+        scalars = world.mean(_finite_metrics(metrics))   # the same on every rank, so all stop together
         bad = {k: v for k, v in scalars.items() if k.startswith("loss") and not math.isfinite(v)}
         if bad:
             raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step "
@@ -179,10 +220,10 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         return scalars
 
     bar = None
-    if not quiet:
+    if not quiet and world.main:
         from tqdm import tqdm
 
-        bar = tqdm(total=config.total_steps, initial=counters["env_steps"], unit="step", dynamic_ncols=True,
+        bar = tqdm(total=config.total_steps * world.size, initial=counters["env_steps"] * world.size, unit="step", dynamic_ncols=True,
                    desc=f"{name} {config.env_id}")
     ep_returns: list[float] = []
     last_return = float("nan")
@@ -231,20 +272,22 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                         update_credit -= 1.0
                         counters["updates"] += 1
             if bar is not None:
-                bar.update(steps_per_collect)
+                bar.update(steps_per_collect * world.size)
             if counters["env_steps"] >= next_log or counters["env_steps"] >= config.total_steps:
                 next_log += log_interval
                 now = time.perf_counter()
                 scalars = check_finite()
-                if ep_returns:
-                    last_return = float(np.mean(ep_returns))
-                counters["episodes"] += len(ep_returns)
+                return_sum, episodes = world.sum([float(np.sum(ep_returns)), len(ep_returns)])  # all ranks'
+                episodes = int(episodes)
+                if episodes:
+                    last_return = return_sum / episodes
+                counters["episodes"] += episodes
                 counters["wall_s"] = now - t_start
-                row = {"env_steps": counters["env_steps"], "updates": counters["updates"],
+                row = {"env_steps": counters["env_steps"] * world.size, "updates": counters["updates"],
                        "wall_s": round(counters["wall_s"], 3),
-                       "sps": round((counters["env_steps"] - steps_log) / max(now - t_log, 1e-9), 1),
-                       "return_mean": last_return if ep_returns else float("nan"),
-                       "episodes": len(ep_returns)}
+                       "sps": round((counters["env_steps"] - steps_log) * world.size / max(now - t_log, 1e-9), 1),
+                       "return_mean": last_return if episodes else float("nan"),
+                       "episodes": episodes}
                 row.update({k: v for k, v in scalars.items() if k != "priority"})
                 logger.log(row)
                 solved = stop_return is not None and row["return_mean"] >= stop_return
@@ -263,7 +306,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
             bar.close()
         logger.close()
         env.close()
-    if plot:
+    if plot and world.main:
         logger.plot(title=f"{name} {config.env_id} seed {seed}")
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
 

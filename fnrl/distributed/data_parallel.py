@@ -96,6 +96,14 @@ class World:
         """Element-wise sum of a list of floats over the ranks."""
         return list(values)
 
+    def mean(self, scalars: dict) -> dict:
+        """The mean over ranks of a dict of floats with the same keys on every rank (a NaN on
+        any rank makes that entry NaN on all)."""
+        keys = sorted(scalars)
+        if self.size == 1 or not keys:
+            return dict(scalars)
+        return {k: v / self.size for k, v in zip(keys, self.sum([scalars[k] for k in keys]))}
+
     def close(self) -> None:
         pass
 
@@ -174,6 +182,22 @@ class ProcessGroupWorld(World):
         common.set_gradient_reducer(None)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class RowsOnly:
+    """The logger of ranks other than 0: keeps the rows (for the returned history), writes nothing."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def log(self, row: dict) -> None:
+        self.rows.append(row)
+
+    def plot(self, title: str = "") -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def world_from_env(device: str = "cpu") -> World:
