@@ -152,3 +152,65 @@ def _compare(cases, spec, ranks):
         moved = sum((reference["params"].get(k) - before.get(k)).abs().sum()
                     for k in before.keys(include_nested=True, leaves_only=True))
         assert moved > 0, name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-minibatches", "3"], "does not divide"),
+    (["--env", "CartPol-v1"], "unknown env id"),
+    (["--nproc", "0"], "--nproc must be a positive integer"),
+    (["--device", "cuda"], "no CUDA device"),
+    (["--log-dir", "/nonexistent-parent/run"], "log dir parent"),
+])
+def test_bad_option_with_nproc_is_one_line_before_any_process_starts(argv, message, capsys, monkeypatch):
+    import torch.distributed.launcher.api as launcher
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("processes were started")
+
+    monkeypatch.setattr(launcher, "elastic_launch", no_launch)
+    args = ["train", "ppo", "--nproc", "2", *argv] if "--nproc" not in argv else ["train", "ppo", *argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow   # two 2-process launches
+def test_resume_needs_the_same_number_of_processes(tmp_path):
+    """A 2-process run checkpoints once (rank 0); resuming it with 2 processes continues it, and with
+    one process is refused."""
+    from fnrl.errors import ConfigError
+    from fnrl.train import load_checkpoint, train
+
+    run = tmp_path / "run"
+    tiny = dataclasses.replace(ppo.Config(), num_envs=4, num_steps=32, total_steps=1024, update_epochs=1)
+    first = train("ppo", tiny, nproc=2, log_dir=run, compile=False, quiet=True, tensorboard=False, plot=False)
+    assert [r["env_steps"] for r in first.history][-1] == 1024
+    ckpt = load_checkpoint(run)
+    assert ckpt["world_size"] == 2 and ckpt["counters"]["env_steps"] == 512 and ckpt["config"]["total_steps"] == 1024
+    again = train("ppo", None, nproc=2, resume=run, compile=False, quiet=True, tensorboard=False, plot=False)
+    assert again.history[-1]["env_steps"] == 1024       # already complete
+    with pytest.raises(ConfigError, match="--nproc 2"):
+        train("ppo", None, resume=run, compile=False, quiet=True)
+
+
+@pytest.mark.slow
+def test_cli_nproc_2_solves_cartpole_and_only_rank_0_writes(tmp_path):
+    """`fnrl train ppo --nproc 2` with the single-process learning test's per-rank settings (defaults:
+    8 envs x 32 steps per rank, compiled): reaches >= 450 within a global 200k steps (each rank's
+    schedule is the single-process 100k one); rank 0 alone writes the run folder."""
+    cmd = [sys.executable, "-m", "fnrl", "train", "ppo", "--env", "CartPole-v1", "--nproc", "2", "--seed", "1",
+           "--total-steps", "200000", "--stop-return", "450", "--quiet", "--log-dir", "run"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]          # no rank wrote elsewhere
+    run = tmp_path / "run"
+    names = sorted(p.name for p in run.iterdir())
+    assert names[:4] == ["checkpoint.pt", "config.json", "curve.png", "events.out.tfevents." + names[3][20:]]
+    assert names[4:] == ["progress.csv"]                                 # one writer: no second events file
+    rows = list(csv.DictReader(open(run / "progress.csv")))
+    steps = [int(float(r["env_steps"])) for r in rows]
+    assert steps == sorted(set(steps)) and all(s % 512 == 0 for s in steps)   # global steps, one row each
+    assert float(rows[-1]["return_mean"]) >= 450 and steps[-1] <= 200_000
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert ckpt["world_size"] == 2 and 2 * ckpt["counters"]["env_steps"] == steps[-1]
