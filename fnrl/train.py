@@ -216,15 +216,16 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         bad = {k: v for k, v in scalars.items() if k.startswith("loss") and not math.isfinite(v)}
         if bad:
             raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step "
-                                f"{counters['env_steps']}; the last good checkpoint is {run_dir / CHECKPOINT}")
+                                f"{counters['env_steps'] * world.size}; the last good checkpoint is "
+                                f"{run_dir / CHECKPOINT if world.main else 'on rank 0'}")
         return scalars
 
     bar = None
     if not quiet and world.main:
         from tqdm import tqdm
 
-        bar = tqdm(total=config.total_steps * world.size, initial=counters["env_steps"] * world.size, unit="step", dynamic_ncols=True,
-                   desc=f"{name} {config.env_id}")
+        bar = tqdm(total=config.total_steps * world.size, initial=counters["env_steps"] * world.size, unit="step",
+                   dynamic_ncols=True, desc=f"{name} {config.env_id}")
     ep_returns: list[float] = []
     last_return = float("nan")
     next_log = counters["env_steps"] + log_interval
