@@ -3,7 +3,7 @@
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-interval N [--eval-episodes K]]
-                    [--sampler serial|async] [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
+                    [--sampler serial|async] [--nproc N] [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
@@ -23,7 +23,8 @@ import typing
 from fnrl.errors import ConfigError
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return",
-                "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep")
+                "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep",
+                "nproc")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -111,6 +112,9 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
                         help="also train each value of one numeric Config field at once, vmapped "
                              "(e.g. learning_rate=1e-4,3e-4,1e-3)")
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="data-parallel processes on this machine, gradients averaged (fnrl.distributed); "
+                             "--total-steps is the whole run's (default: 1; under torchrun leave it out)")
     args = vars(parser.parse_args(argv[1:]))
     if args["sweep"] is not None:
         from fnrl.seeds import parse_sweep
@@ -215,6 +219,12 @@ def _bench(argv: list[str]) -> int:
 COMMANDS = {"train": _train, "eval": _eval, "launch": _launch, "plot": _plot, "bench": _bench}
 
 
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -226,14 +236,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"unknown command {argv[0]!r}; use one of: {', '.join(COMMANDS)}")
         return command(argv[1:])
     except ConfigError as e:
-        print(f"fnrl: error: {e}", file=sys.stderr)
+        if _rank() == 0:   # under torchrun every rank stops with the same error: say it once
+            print(f"fnrl: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
         from fnrl.train import TrainingError
 
         if not isinstance(e, TrainingError):
             raise
-        print(f"fnrl: training stopped: {e}", file=sys.stderr)
+        if _rank() == 0:
+            print(f"fnrl: training stopped: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("fnrl: interrupted; the last checkpoint is intact", file=sys.stderr)

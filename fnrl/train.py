@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fnrl import algos, envs
+from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
@@ -118,13 +119,35 @@ def _finite_metrics(metrics) -> dict:
     return {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.ndim == 0}
 
 
-def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
-          quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
-          threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
-          stop_return: float | None = None, eval_interval: int | None = None,
-          eval_episodes: int = 10, sampler: str = "serial", num_seeds: int = 1,
-          sweep: dict | None = None) -> TrainResult:
+def train(name: str, config=None, *, nproc: int | None = None, **kwargs) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
+
+    nproc: run N data-parallel processes on this machine (fnrl.distributed; gradients averaged
+        over the ranks) and return rank 0's result. Under `torchrun` (WORLD_SIZE > 1) every
+        process calling `train` is one rank of the run. Distributed runs: `config.total_steps`
+        is the whole run's budget (each rank steps total_steps / N); every other field is per
+        rank (num_envs, batch_size, buffer_size, learning_starts).
+    Other keywords: see `_train`.
+    """
+    if nproc is not None and nproc != 1:
+        from fnrl.distributed.launch import train_processes
+
+        return train_processes(nproc, name, config, **kwargs)
+    from fnrl.distributed import world_from_env
+
+    world = world_from_env(kwargs.get("device", "cpu"))
+    try:
+        return _train(world, name, config, **kwargs)
+    finally:
+        world.close()
+
+
+def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
+           quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
+           threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
+           stop_return: float | None = None, eval_interval: int | None = None, eval_episodes: int = 10,
+           sampler: str = "serial", num_seeds: int = 1, sweep: dict | None = None) -> TrainResult:
+    """One process (of `world`, a fnrl.distributed World) of `train`.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
     checkpoint_every: env steps between checkpoints (default: 10 per run, and the end).
@@ -149,7 +172,12 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         raise ConfigError(f"unknown sampler {sampler!r}; choose one of: {', '.join(SAMPLERS)}")
     module = algos.load(name)
     if resume is not None:
-        ckpt = load_checkpoint(resume)
+        with world.agree():
+            ckpt = load_checkpoint(resume) if world.main else None
+        ckpt = world.broadcast_object(ckpt)
+        if ckpt.get("world_size", 1) != world.size:
+            raise ConfigError(f"checkpoint {resume} was written by {ckpt.get('world_size', 1)} processes; resume it "
+                              f"with --nproc {ckpt.get('world_size', 1)}, not {world.size}")
         if ckpt["algo"] != name:
             raise ConfigError(f"checkpoint {resume} is from {ckpt['algo']}, not {name}; "
                               f"run `fnrl train {ckpt['algo']} --resume {resume}`")
@@ -170,9 +198,16 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     if rows and (sampler != "serial" or eval_interval is not None):
         raise ConfigError("--num-seeds / --sweep train with the serial sampler and without --eval-interval; "
                           "drop --sampler / --eval-interval, or run the seeds separately")
+    if world.size > 1 and (rows or sampler != "serial"):
+        raise ConfigError("data-parallel runs (--nproc / torchrun) use the serial sampler and one seed per "
+                          "process; drop --sampler / --num-seeds / --sweep")
+    device = world.device(device)
+    run_config = config   # as asked: saved in config.json and checkpoints; a rank runs its share of total_steps
+    if world.size > 1:
+        config = dataclasses.replace(config, total_steps=-(-config.total_steps // world.size))
     if threads is not None:
         torch.set_num_threads(threads)
-    seed_everything(seed)
+    seed_everything(seed + world.rank)
     if sampler == "async":
         from fnrl.train_async import train_async
 
@@ -188,12 +223,15 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         env = envs.make(config.env_id, width * config.num_envs, seed=vmapped.env_seeds(rows, config.num_envs))
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
     else:
-        env = envs.make(config.env_id, config.num_envs, seed=seed)
+        # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
+        env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
         agent = _make_agent(module, config, env.spec, compile)
-    run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
-    (run_dir / "config.json").write_text(json.dumps(
-        {"algo": name, "seed": seed, "config": dataclasses.asdict(config),
-         **({"num_seeds": num_seeds, "sweep": sweep} if rows else {})}, indent=2, default=str))
+    with world.agree():
+        run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None) if world.main else None
+    if world.main:
+        (run_dir / "config.json").write_text(json.dumps(
+            {"algo": name, "seed": seed, "config": dataclasses.asdict(run_config),
+             **({"num_seeds": num_seeds, "sweep": sweep} if rows else {})}, indent=2, default=str))
 
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
@@ -201,11 +239,14 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     if resume is not None:
         state = ckpt["state"]
         counters = ckpt["counters"]
-        torch.set_rng_state(ckpt["torch_rng"])
-        np.random.set_state(ckpt["numpy_rng"])
-    state = state.to(device)
+        if world.main:   # the checkpoint holds rank 0's RNG; other ranks reseed from where the run stands
+            torch.set_rng_state(ckpt["torch_rng"])
+            np.random.set_state(ckpt["numpy_rng"])
+        else:
+            seed_everything(seed + world.rank + 7919 * counters["env_steps"])
+    state = world.broadcast_state(state.to(device))   # identical parameters on every rank
     online_eval = None
-    if eval_interval is not None:
+    if eval_interval is not None and world.main:
         from fnrl.evaluate import OnlineEval
 
         online_eval = OnlineEval(name, config, eval_interval, eval_episodes, start=counters["env_steps"],
@@ -215,7 +256,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     from fnrl.samplers import SerialSampler
 
     sampler = SerialSampler(env, agent.act, config.num_steps, device=device)
-    logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None)
+    logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None) if world.main else RowsOnly()
     logger.group_keys = tuple(sweep or ())
     off_policy = module.KIND == "off_policy"
     steps_per_collect = config.num_steps * config.num_envs
@@ -223,29 +264,33 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     checkpoint_every = checkpoint_every or max(steps_per_collect, config.total_steps // 10)
 
     def checkpoint():
+        if not world.main:
+            return
         save_checkpoint(run_dir / CHECKPOINT, {
-            "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
+            "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(run_config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(), **({"num_seeds": num_seeds, "sweep": sweep} if rows else {}),
+            "numpy_rng": np.random.get_state(), "world_size": world.size,
+            **({"num_seeds": num_seeds, "sweep": sweep} if rows else {}),
         })
 
     def check_finite() -> dict:
-        scalars = _finite_metrics(metrics)
+        scalars = world.mean(_finite_metrics(metrics))   # the same on every rank, so all stop together
         bad = {k: v for k, v in scalars.items() if k.startswith("loss") and not math.isfinite(v)}
         if rows:  # metrics [R]: one value per row
             bad.update({k: float(v[~torch.isfinite(v)][0]) for k, v in metrics.items()
                         if k.startswith("loss") and v.ndim == 1 and not torch.isfinite(v).all()})
         if bad:
             raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step "
-                                f"{counters['env_steps']}; the last good checkpoint is {run_dir / CHECKPOINT}")
+                                f"{counters['env_steps'] * world.size}; the last good checkpoint is "
+                                f"{run_dir / CHECKPOINT if world.main else 'on rank 0'}")
         return scalars
 
     bar = None
-    if not quiet:
+    if not quiet and world.main:
         from tqdm import tqdm
 
-        bar = tqdm(total=config.total_steps, initial=counters["env_steps"], unit="step", dynamic_ncols=True,
-                   desc=f"{name} {config.env_id}")
+        bar = tqdm(total=config.total_steps * world.size, initial=counters["env_steps"] * world.size, unit="step",
+                   dynamic_ncols=True, desc=f"{name} {config.env_id}")
     ep_returns: list[float] = []
     row_returns = [[] for _ in range(width)]
     last_returns = [float("nan")] * width
@@ -300,20 +345,22 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
                         update_credit -= 1.0
                         counters["updates"] += 1
             if bar is not None:
-                bar.update(steps_per_collect)
+                bar.update(steps_per_collect * world.size)
             if counters["env_steps"] >= next_log or counters["env_steps"] >= config.total_steps:
                 next_log += log_interval
                 now = time.perf_counter()
                 scalars = check_finite()
-                if ep_returns:
-                    last_return = float(np.mean(ep_returns))
-                counters["episodes"] += len(ep_returns)
+                return_sum, episodes = world.sum([float(np.sum(ep_returns)), len(ep_returns)])  # all ranks'
+                episodes = int(episodes)
+                if episodes:
+                    last_return = return_sum / episodes
+                counters["episodes"] += episodes
                 counters["wall_s"] = now - t_start
-                row = {"env_steps": counters["env_steps"], "updates": counters["updates"],
+                row = {"env_steps": counters["env_steps"] * world.size, "updates": counters["updates"],
                        "wall_s": round(counters["wall_s"], 3),
-                       "sps": round((counters["env_steps"] - steps_log) / max(now - t_log, 1e-9), 1),
-                       "return_mean": last_return if ep_returns else float("nan"),
-                       "episodes": len(ep_returns)}
+                       "sps": round((counters["env_steps"] - steps_log) * world.size / max(now - t_log, 1e-9), 1),
+                       "return_mean": last_return if episodes else float("nan"),
+                       "episodes": episodes}
                 row.update({k: v for k, v in scalars.items() if k != "priority"})
                 if rows:
                     row["sps"] = round(row["sps"] * width, 1)
@@ -347,7 +394,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         env.close()
         if online_eval is not None:
             online_eval.close()
-    if plot:
+    if plot and world.main:
         seeds_text = f"seeds {seed}-{seed + num_seeds - 1}" if num_seeds > 1 else f"seed {seed}"
         logger.plot(title=f"{name} {config.env_id} {seeds_text}" + (f", sweep {', '.join(sweep)}" if sweep else ""))
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)

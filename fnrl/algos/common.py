@@ -59,14 +59,29 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
     """loss -> grad -> optimizer -> new params, as one pure step.
 
     `loss_fn(params, *args) -> (loss, metrics)`. Returns
-    `(params, opt_state, metrics)` with `metrics["loss"]` added.
+    `(params, opt_state, metrics)` with `metrics["loss"]` added. The gradients pass
+    through the reducer of `set_gradient_reducer` (if any) before the optimizer.
     """
     if _plain_eager():
         grads, (loss, metrics) = _autograd_grad_and_value(loss_fn, params, *args)
     else:
         grads, (loss, metrics) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, *args)
+    if _gradient_reducer is not None:   # data-parallel training (fnrl.distributed): mean over ranks
+        grads = _gradient_reducer(grads)
     updates, opt_state = opt.update(grads, opt_state, params)
     return apply_updates(params, updates), opt_state, dict(metrics, loss=loss.detach())
+
+
+_gradient_reducer: Callable | None = None
+
+
+def set_gradient_reducer(reducer: Callable | None) -> None:
+    """Apply `reducer(grads) -> grads` in every `gradient_step`, between the gradient and the
+    optimizer (None: no reduction). `fnrl.distributed` installs its all-reduce mean here, so
+    every algorithm trains data-parallel without a change to its file. Install it before the
+    update is compiled (a compiled update that ran without it recompiles once)."""
+    global _gradient_reducer
+    _gradient_reducer = reducer
 
 
 def _plain_eager() -> bool:

@@ -1,0 +1,216 @@
+"""Synchronous data-parallel training (fnrl.distributed): gradient all-reduce, launch, CLI.
+
+Every test that starts processes gives each join a timeout and kills what is left."""
+import csv
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from fnrl.algos import a2c, dqn, ppo
+from fnrl.algos.common import set_gradient_reducer
+from fnrl.cli import main
+from fnrl.envs.spec import EnvSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+T, B, WORLD = 8, 4, 2       # per-rank rollout [T, B]; the reference update sees [T, WORLD * B]
+SPEC = None
+
+
+def _spec() -> EnvSpec:
+    from fnrl import envs
+
+    env = envs.make("CartPole-v1", 1, seed=0)
+    spec = env.spec
+    env.close()
+    return spec
+
+
+# one update with the settings under which the concatenated-batch equality is exact: one minibatch,
+# one epoch, no per-minibatch advantage normalization, every step valid (equal counts on each rank)
+PPO = ppo.Config(num_envs=B, num_steps=T, total_steps=4096, num_minibatches=1, update_epochs=1, norm_adv=False)
+A2C = a2c.Config(num_envs=B, num_steps=T, total_steps=4096)
+# Adam's first step is lr * g / (|g| + eps): with eps 1e-8 it turns the rounding of near-zero gradients
+# (summed in another order) into parameter differences up to ~1e-6; eps 1e-5 (PPO's) keeps them at 1e-8
+DQN = dqn.Config(num_envs=B, batch_size=16, optimizer_eps=1e-5)
+
+
+def _on_policy_rollout(agent, state, envs_, seed):
+    """A synthetic [T, envs_] rollout of `agent`'s own policy on random observations, all valid."""
+    g = torch.Generator().manual_seed(seed)
+    obs_all = torch.randn(T + 1, envs_, 4, generator=g)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        action, extras, _ = agent.act(state, obs_all[:-1].reshape(-1, 4), None, True)
+    term = torch.rand(T, envs_, generator=g) < 0.1
+    trunc = (torch.rand(T, envs_, generator=g) < 0.05) & ~term
+    fields = {"obs": obs_all[:-1], "next_obs": obs_all[1:], "action": action.view(T, envs_),
+              "reward": torch.rand(T, envs_, generator=g), "terminated": term, "truncated": trunc,
+              "done": term | trunc, "valid": torch.ones(T, envs_, dtype=torch.bool)}
+    fields.update({k: v.view(T, envs_) for k, v in extras.items()})
+    return TensorDict(fields, batch_size=[T, envs_])
+
+
+def _dqn_batch(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict({"obs": torch.randn(n, 4, generator=g), "next_obs": torch.randn(n, 4, generator=g),
+                       "action": torch.randint(0, 2, (n,), generator=g), "reward": torch.rand(n, generator=g),
+                       "discount": 0.99 * (torch.rand(n, generator=g) > 0.1).float(),
+                       "weight": torch.ones(n)}, batch_size=[n])
+
+
+def _cases(spec):
+    """(name, per-rank config, whole-batch config, per-rank batches, whole batch, compile)."""
+    out = []
+    for name, module, cfg, compile in (("ppo", ppo, PPO, False), ("a2c", a2c, A2C, False)):
+        whole = dataclasses.replace(cfg, num_envs=WORLD * B, total_steps=WORLD * cfg.total_steps)
+        agent = _make(name, whole, spec, False)
+        state = agent.init(0)
+        parts = [_on_policy_rollout(agent, state, B, seed=10 + r) for r in range(WORLD)]
+        out.append((name, cfg, whole, parts, torch.cat(parts, dim=1), compile))
+    parts = [_dqn_batch(DQN.batch_size, seed=20 + r) for r in range(WORLD)]
+    out.append(("dqn", DQN, dataclasses.replace(DQN, batch_size=WORLD * DQN.batch_size), parts,
+                torch.cat(parts), False))
+    return out
+
+
+def _make(name, config, spec, compile):
+    """The agent as the training loop builds it (compiled or not)."""
+    from fnrl import algos
+    from fnrl.train import _make_agent
+
+    return _make_agent(algos.load(name), config, spec, compile)
+
+
+def _rank_main(rank, store, cases, spec, out_dir):
+    """One rank: join the gloo group, run one update of each case on this rank's batch."""
+    import torch.distributed as dist
+
+    from fnrl.distributed import ProcessGroupWorld
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    world = ProcessGroupWorld("cpu")                      # installs the gradient all-reduce
+    results = {}
+    for name, cfg, _, parts, _, compile in cases:
+        agent = _make(name, cfg, spec, compile)
+        torch.manual_seed(100 + rank)                       # ranks' RNGs differ; the params must not
+        state = world.broadcast_state(agent.init(0))
+        new_state, _ = agent.update(state, parts[rank])
+        results[name] = new_state["params"].clone()
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    world.close()
+    dist.destroy_process_group()
+
+
+def _spawn(fn, args, timeout=240):
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=fn, args=(rank, *args), daemon=True) for rank in range(WORLD)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    assert [p.exitcode for p in procs] == [0] * WORLD
+
+
+def test_one_update_equals_single_process_update_on_concatenated_batch(tmp_path):
+    """gloo, 2 processes: after one update (PPO, A2C and DQN, eager) both ranks hold identical parameters,
+    equal to one process's update on the concatenated batch."""
+    spec = _spec()
+    cases = _cases(spec)
+    _spawn(_rank_main, (str(tmp_path / "store"), cases, spec, str(tmp_path)))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    set_gradient_reducer(None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)    # as the ranks: another thread count rounds the matmuls differently
+    try:
+        _compare(cases, spec, ranks)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(cases, spec, ranks):
+    for name, _, whole, _, batch, _ in cases:
+        agent = _make(name, whole, spec, False)
+        reference, _ = agent.update(agent.init(0), batch)
+        before = agent.init(0)["params"]
+        for key in reference["params"].keys(include_nested=True, leaves_only=True):
+            r0, r1, ref = ranks[0][name].get(key), ranks[1][name].get(key), reference["params"].get(key)
+            assert torch.equal(r0, r1), (name, key)
+            torch.testing.assert_close(r0, ref, rtol=1e-5, atol=1e-6, msg=f"{name} {key}")
+        moved = sum((reference["params"].get(k) - before.get(k)).abs().sum()
+                    for k in before.keys(include_nested=True, leaves_only=True))
+        assert moved > 0, name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-minibatches", "3"], "does not divide"),
+    (["--env", "CartPol-v1"], "unknown env id"),
+    (["--nproc", "0"], "--nproc must be a positive integer"),
+    (["--device", "cuda"], "no CUDA device"),
+    (["--log-dir", "/nonexistent-parent/run"], "log dir parent"),
+])
+def test_bad_option_with_nproc_is_one_line_before_any_process_starts(argv, message, capsys, monkeypatch):
+    import torch.distributed.launcher.api as launcher
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("processes were started")
+
+    monkeypatch.setattr(launcher, "elastic_launch", no_launch)
+    args = ["train", "ppo", "--nproc", "2", *argv] if "--nproc" not in argv else ["train", "ppo", *argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow   # two 2-process launches
+def test_resume_needs_the_same_number_of_processes(tmp_path):
+    """A 2-process run checkpoints once (rank 0); resuming it with 2 processes continues it, and with
+    one process is refused."""
+    from fnrl.errors import ConfigError
+    from fnrl.train import load_checkpoint, train
+
+    run = tmp_path / "run"
+    tiny = dataclasses.replace(ppo.Config(), num_envs=4, num_steps=32, total_steps=1024, update_epochs=1)
+    first = train("ppo", tiny, nproc=2, log_dir=run, compile=False, quiet=True, tensorboard=False, plot=False)
+    assert [r["env_steps"] for r in first.history][-1] == 1024
+    ckpt = load_checkpoint(run)
+    assert ckpt["world_size"] == 2 and ckpt["counters"]["env_steps"] == 512 and ckpt["config"]["total_steps"] == 1024
+    again = train("ppo", None, nproc=2, resume=run, compile=False, quiet=True, tensorboard=False, plot=False)
+    assert again.history[-1]["env_steps"] == 1024       # already complete
+    with pytest.raises(ConfigError, match="--nproc 2"):
+        train("ppo", None, resume=run, compile=False, quiet=True)
+
+
+@pytest.mark.slow
+def test_cli_nproc_2_solves_cartpole_and_only_rank_0_writes(tmp_path):
+    """`fnrl train ppo --nproc 2` with the single-process learning test's per-rank settings (defaults:
+    8 envs x 32 steps per rank, compiled): reaches >= 450 within a global 200k steps (each rank's
+    schedule is the single-process 100k one); rank 0 alone writes the run folder."""
+    cmd = [sys.executable, "-m", "fnrl", "train", "ppo", "--env", "CartPole-v1", "--nproc", "2", "--seed", "1",
+           "--total-steps", "200000", "--stop-return", "450", "--quiet", "--log-dir", "run"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]          # no rank wrote elsewhere
+    run = tmp_path / "run"
+    names = sorted(p.name for p in run.iterdir())
+    assert names[:4] == ["checkpoint.pt", "config.json", "curve.png", "events.out.tfevents." + names[3][20:]]
+    assert names[4:] == ["progress.csv"]                                 # one writer: no second events file
+    rows = list(csv.DictReader(open(run / "progress.csv")))
+    steps = [int(float(r["env_steps"])) for r in rows]
+    assert steps == sorted(set(steps)) and all(s % 512 == 0 for s in steps)   # global steps, one row each
+    assert float(rows[-1]["return_mean"]) >= 450 and steps[-1] <= 200_000
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert ckpt["world_size"] == 2 and 2 * ckpt["counters"]["env_steps"] == steps[-1]
