@@ -1,0 +1,139 @@
+"""One group of envs stepped by a policy, written into columns of a [T, B] rollout.
+
+Every sampler is built from lanes: the serial sampler is one lane over all B envs,
+the alternating sampler two lanes (B/2 envs each) whose env steps overlap, and each
+parallel worker one lane writing into its column slice of a shared-memory rollout.
+A lane owns the per-env state a rollout needs between steps and between collects:
+the last observation, the policy's recurrent carry and the episode-start mask.
+
+One step is split in two halves so that env stepping can overlap other work:
+
+    action = lane.act(state, t, explore)    # policy on obs[t] (carry, reset handled)
+    step = env.step(action)                 # or env.send(action) ... env.recv()
+    lane.record(t, step)                    # writes step t, obs[t + 1]
+
+Rollout keys ([T, B] unless noted): `obs`, `next_obs` (views into one [T + 1, B]
+observation buffer, so `next_obs[t] is obs[t + 1]`), `action`, the step keys of
+fnrl.envs.batched (`reward`, `terminated`, `truncated`, `done`, `valid`,
+`episode_end`, `episode_return`, `episode_length`), every extra that `act` returns,
+and for recurrent agents `reset` [T, B] bool (see fnrl.samplers.serial).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from tensordict import TensorDict
+
+STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
+             "episode_length")
+
+
+def _zeros(x, lead: tuple[int, ...], device, share: bool):
+    """A zeroed [*lead, *x.shape[1:]] buffer for a [b, ...] tensor or TensorDict example."""
+    if isinstance(x, TensorDict):
+        buf = x[0].expand(*lead).to(device).clone().zero_()
+    else:
+        buf = torch.zeros((*lead, *x.shape[1:]), dtype=x.dtype, device=device)
+    return buf.share_memory_() if share else buf
+
+
+class RolloutBuffer:
+    """A preallocated [T, B] rollout plus its [T + 1, B] observation buffer.
+
+    Built from one step's examples (each [b, ...] for any b; only the trailing shapes and
+    dtypes are used). `share=True` puts every tensor in shared memory (CPU only), so worker
+    processes can write their columns in place.
+    """
+
+    def __init__(self, horizon: int, num_envs: int, obs, action, extras: dict, step: dict, recurrent: bool,
+                 device="cpu", share: bool = False):
+        T, B = horizon, num_envs
+        self.obs = _zeros(obs, (T + 1, B), device, share)
+        fields = {"action": _zeros(action, (T, B), device, share)}
+        fields.update({k: _zeros(step[k], (T, B), device, share) for k in STEP_KEYS})
+        fields.update({k: _zeros(v, (T, B), device, share) for k, v in extras.items()})
+        if recurrent:
+            fields["reset"] = _zeros(torch.zeros(1, dtype=torch.bool), (T, B), device, share)
+        self.fields = fields
+        self.recurrent = recurrent
+        self.rollout = self.view(slice(None))
+
+    def view(self, columns: slice) -> TensorDict:
+        """The rollout restricted to env columns `columns` (views: writes land in this buffer)."""
+        obs = self.obs[:, columns]
+        fields = {"obs": obs[:-1], "next_obs": obs[1:], **{k: v[:, columns] for k, v in self.fields.items()}}
+        T = obs.shape[0] - 1
+        return TensorDict(fields, batch_size=[T, obs.shape[1]], device=obs.device)
+
+    def layout(self) -> dict:
+        """key -> (trailing shape, dtype) of every written field: what a lane must produce."""
+        out = {}
+        for k, v in self.view(slice(0, 1)).items(include_nested=True, leaves_only=True):
+            out[k] = (tuple(v.shape[2:]), v.dtype)
+        return out
+
+
+class Lane:
+    """Envs [lo, hi) of a rollout: `env` (a BatchedEnv of hi - lo envs) stepped by `act`.
+
+    `allocate(obs, action, extras, step, recurrent) -> RolloutBuffer` is called once, at
+    the first recorded step, unless `bind(buffer)` was called before; the lane then writes
+    into `buffer.view(columns)`.
+    """
+
+    def __init__(self, env, act: Callable, columns: slice, device="cpu", allocate: Callable | None = None):
+        self.env, self.act_fn, self.columns = env, act, columns
+        self.device = torch.device(device)
+        self.allocate = allocate
+        self.buffer: RolloutBuffer | None = None
+        self.carry = None
+        self._reset = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
+        self._obs = env.reset()["obs"].to(self.device)   # the observation the next action is chosen from
+        self._pending = None
+
+    def bind(self, buffer: RolloutBuffer) -> None:
+        self.buffer = buffer
+        self._view = buffer.view(self.columns)
+        self._obs_buf = buffer.obs[:, self.columns]
+        self._writes = {k: v for k, v in self._view.items() if k not in ("obs", "next_obs")}
+
+    def begin(self) -> None:
+        """Start a collect: obs[0] is the last observation of the previous one."""
+        if self.buffer is not None:
+            self._obs_buf[0] = self._obs_buf[-1]
+            self._obs = self._obs_buf[0]
+
+    @torch.no_grad()
+    def act(self, state, explore: bool = True):
+        """The policy's action for the current observation (the step's extras are kept until `record`)."""
+        reset, carry = self._reset, self.carry
+        if carry is not None:
+            carry = carry.clone(recurse=False)
+            carry["reset"] = reset
+        action, extras, self.carry = self.act_fn(state, self._obs, carry, explore)
+        self._pending = (action, extras, reset)
+        return action
+
+    def record(self, t: int, step: dict) -> None:
+        """Write step t (the env's answer to the last `act`) and obs[t + 1]."""
+        action, extras, reset = self._pending
+        self._reset = ~step["valid"].to(self.device)
+        if self.buffer is None:
+            self.bind(self.allocate(self._obs, action, extras, step, self.carry is not None))
+        if t == 0:
+            self._obs_buf[0] = self._obs
+        self._obs_buf[t + 1] = step["obs"]
+        w = self._writes
+        w["action"][t] = action
+        for k in STEP_KEYS:
+            w[k][t] = step[k]
+        for k, v in extras.items():
+            w[k][t] = v
+        if self.buffer.recurrent:
+            w["reset"][t] = reset
+        self._obs = self._obs_buf[t + 1]
+
+    @property
+    def rollout(self) -> TensorDict | None:
+        return None if self.buffer is None else self._view
