@@ -54,7 +54,13 @@ class BatchedEnv:
     `raw_env` is an EnvPool env (env_type="gymnasium") or a gymnasium VectorEnv with
     next-step autoreset. `atari` switches the episode statistics to the raw game score
     over whole games (EnvPool's `info["reward"]`, `info["terminated"]`).
+
+    `factory(num_envs, seed)` builds more envs like these and `seed` is this batch's seed
+    (set by `fnrl.envs.make`; None for an env built by hand).
     """
+
+    factory = None
+    seed = None
 
     def __init__(self, raw_env, spec: EnvSpec, atari: bool = False, seed: int | None = None,
                  obs_index: tuple[int, ...] | None = None):
@@ -87,9 +93,26 @@ class BatchedEnv:
         obs = _obs_to_torch(obs, [self.num_envs])
         return obs if self._obs_index is None else obs.index_select(-1, self._obs_index)
 
+    def _np_action(self, action: torch.Tensor) -> np.ndarray:
+        return action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
+
     def step(self, action: torch.Tensor) -> dict:
-        act = action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
-        obs, reward, terminated, truncated, info = self.raw.step(act)
+        return self._wrap(*self.raw.step(self._np_action(action)))
+
+    @property
+    def can_send(self) -> bool:
+        """True for EnvPool envs, which can step in the background (`send`, then `recv`)."""
+        return hasattr(self.raw, "send") and hasattr(self.raw, "recv")
+
+    def send(self, action: torch.Tensor) -> None:
+        """Start stepping every env with `action` [B] and return at once (EnvPool only)."""
+        self.raw.send(self._np_action(action))
+
+    def recv(self) -> dict:
+        """Wait for the step started by `send`; the same dict as `step` returns."""
+        return self._wrap(*self.raw.recv())
+
+    def _wrap(self, obs, reward, terminated, truncated, info) -> dict:
         terminated = torch.from_numpy(np.asarray(terminated, dtype=bool))
         truncated = torch.from_numpy(np.asarray(truncated, dtype=bool))
         reward = torch.from_numpy(np.asarray(reward, dtype=np.float32))

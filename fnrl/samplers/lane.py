@@ -59,19 +59,34 @@ class RolloutBuffer:
         self.recurrent = recurrent
         self.rollout = self.view(slice(None))
 
+    def __getstate__(self):   # pickled to worker processes: the tensors (shared memory handles) only
+        return {"obs": self.obs, "fields": self.fields, "recurrent": self.recurrent}
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self.rollout = self.view(slice(None))
+
+    def clone(self, device) -> "RolloutBuffer":
+        """A copy on `device` (its own memory, same layout)."""
+        out = object.__new__(RolloutBuffer)
+        out.__setstate__({"obs": self.obs.to(device).clone(),
+                          "fields": {k: v.to(device).clone() for k, v in self.fields.items()},
+                          "recurrent": self.recurrent})
+        return out
+
+    def copy_(self, other: "RolloutBuffer") -> "RolloutBuffer":
+        """Copy `other`'s contents into this buffer, in place."""
+        self.obs.copy_(other.obs)
+        for k, v in self.fields.items():
+            v.copy_(other.fields[k])
+        return self
+
     def view(self, columns: slice) -> TensorDict:
         """The rollout restricted to env columns `columns` (views: writes land in this buffer)."""
         obs = self.obs[:, columns]
         fields = {"obs": obs[:-1], "next_obs": obs[1:], **{k: v[:, columns] for k, v in self.fields.items()}}
         T = obs.shape[0] - 1
         return TensorDict(fields, batch_size=[T, obs.shape[1]], device=obs.device)
-
-    def layout(self) -> dict:
-        """key -> (trailing shape, dtype) of every written field: what a lane must produce."""
-        out = {}
-        for k, v in self.view(slice(0, 1)).items(include_nested=True, leaves_only=True):
-            out[k] = (tuple(v.shape[2:]), v.dtype)
-        return out
 
 
 class Lane:
@@ -91,6 +106,7 @@ class Lane:
         self._reset = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
         self._obs = env.reset()["obs"].to(self.device)   # the observation the next action is chosen from
         self._pending = None
+        self._collected = False   # a step has been recorded: obs[T] of the buffer is the last observation
 
     def bind(self, buffer: RolloutBuffer) -> None:
         self.buffer = buffer
@@ -100,7 +116,7 @@ class Lane:
 
     def begin(self) -> None:
         """Start a collect: obs[0] is the last observation of the previous one."""
-        if self.buffer is not None:
+        if self._collected:
             self._obs_buf[0] = self._obs_buf[-1]
             self._obs = self._obs_buf[0]
 
@@ -133,6 +149,7 @@ class Lane:
         if self.buffer.recurrent:
             w["reset"][t] = reset
         self._obs = self._obs_buf[t + 1]
+        self._collected = True
 
     @property
     def rollout(self) -> TensorDict | None:
