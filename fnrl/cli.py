@@ -2,7 +2,7 @@
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
-                    [--stop-return R] [--FIELD V ...]
+                    [--stop-return R] [--sampler NAME] [--sampler-workers W] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N]
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
@@ -18,7 +18,8 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return")
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return", "sampler",
+                "sampler_workers")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -93,6 +94,11 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--stop-return", type=float, default=None, metavar="R",
                         help="stop early once a log interval's mean episode return reaches R (default: never)")
+    parser.add_argument("--sampler", default="serial", metavar="NAME",
+                        help="how rollouts are collected: serial, alternating (two EnvPool groups overlapping the "
+                             "policy) or parallel (worker processes) (default: serial)")
+    parser.add_argument("--sampler-workers", type=int, default=None, metavar="W",
+                        help="worker processes of --sampler parallel (default: one per core, dividing --num-envs)")
     args = vars(parser.parse_args(argv[1:]))
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
     config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fnrl import algos, envs
+from fnrl import algos, envs, samplers
 from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
@@ -112,7 +112,7 @@ def _finite_metrics(metrics) -> dict:
 def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
           quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
           threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
-          stop_return: float | None = None) -> TrainResult:
+          stop_return: float | None = None, sampler: str = "serial", sampler_workers: int | None = None) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -121,6 +121,8 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         torch's default).
     resume: a run folder; training continues from its checkpoint with its config.
     stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value.
+    sampler: how rollouts are collected, a name of fnrl.samplers (serial, alternating, parallel).
+    sampler_workers: worker processes of the parallel sampler (default: one per core).
     """
     module = algos.load(name)
     if resume is not None:
@@ -134,6 +136,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu")
     module.validate(config)
+    samplers.load(sampler)
     if threads is not None:
         torch.set_num_threads(threads)
     seed_everything(seed)
@@ -154,9 +157,8 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     state = state.to(device)
 
     from fnrl.logger import Logger
-    from fnrl.samplers import SerialSampler
-
-    sampler = SerialSampler(env, agent.act, config.num_steps, device=device)
+    sampler = samplers.make(sampler, env, agent.act, config.num_steps, device=device, agent=(name, config),
+                            workers=sampler_workers)
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None)
     off_policy = module.KIND == "off_policy"
     steps_per_collect = config.num_steps * config.num_envs
@@ -262,7 +264,7 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
         if bar is not None:
             bar.close()
         logger.close()
-        env.close()
+        sampler.close()
     if plot:
         logger.plot(title=f"{name} {config.env_id} seed {seed}")
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
