@@ -1,8 +1,8 @@
 """The alternating and parallel samplers give the serial sampler's rollout; the registry,
 the options' errors and the parallel sampler's failure handling."""
-import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -171,3 +171,46 @@ def test_parallel_spawn_start_method():
     fork, _ = _rollouts("parallel", FF, collects=1, workers=2)
     spawn, _ = _rollouts("parallel", FF, collects=1, workers=2, start_method="spawn")
     _assert_same(fork[0], spawn[0])
+
+
+_ORPHAN_SCRIPT = """
+import sys, time
+from fnrl import envs
+from fnrl.samplers.parallel import ParallelSampler
+from tests.test_samplers import _parity_policy, _counter_state
+if __name__ == "__main__":
+    sampler = ParallelSampler(envs.make("CartPole-v1", 2, seed=0), _parity_policy, 4, workers=2)
+    sampler.collect(_counter_state())
+    print(" ".join(str(p.pid) for p in sampler._procs), flush=True)
+    time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_parallel_workers_exit_when_the_learner_is_killed(tmp_path):
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=root,
+                            env={**os.environ, "PYTHONPATH": root})
+    try:
+        import select
+
+        ready, _, _ = select.select([proc.stdout], [], [], 180)   # never hang: the script may fail to start
+        pids = [int(p) for p in proc.stdout.readline().split()] if ready else []
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert len(pids) == 2
+    deadline = time.monotonic() + 20
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(p) for p in pids)
