@@ -9,11 +9,11 @@ the policy reading parameters from shared memory (rlpyt's CpuSampler).
     wait for every "done"           <--  send "done"
     rollout (shared [T, B], or a copy on --device)
 
-Workers are started once, by "fork" by default (a fresh interpreter per worker, "spawn",
-re-imports torch: 10-30 s per worker on a busy machine; the forked child touches none of
-the parent's threads or CUDA state: it sets one torch thread, builds its own EnvPool and
-works on CPU tensors only, as DataLoader workers do), rebuild `act` from
-`agent=(algo name, config)` through
+Workers are started once, by "forkserver" by default: a single-threaded server process
+imports torch, EnvPool and fnrl once and forks every worker from itself ("spawn" re-imports
+torch in every worker, 10-30 s each on a busy machine; plain "fork" of a learner that has
+run EnvPool and torch threads crashed a worker here, exit code -11). Workers
+rebuild `act` from `agent=(algo name, config)` through
 `fnrl.algos.load(name).make(config, spec)` (or unpickle a picklable `act`), and keep their
 envs, last observations and recurrent carries between collects. Worker w's envs are
 built with the seeds they have in one pool of B (`env.factory`), so a deterministic
@@ -65,14 +65,14 @@ class ParallelSampler:
     agent: (algo name, config): workers rebuild `act` from it (needed for compiled acts).
     workers: W, a divisor of B (default: `default_workers(B)`).
     timeout: seconds a collect may take before the sampler gives up; start_timeout: the same
-        for the workers' start. start_method: "fork" (default) or "spawn".
+        for the workers' start. start_method: "forkserver" (default), "spawn" or "fork".
     Options that only the learner's `state` carries: workers read every entry of `state`
     except "opt_state", copied into shared memory before each collect.
     """
 
     def __init__(self, env: BatchedEnv, act: Callable, horizon: int, device: str | torch.device = "cpu", *,
                  agent: tuple | None = None, workers: int | None = None, timeout: float = 300.0,
-                 start_timeout: float = 120.0, start_method: str = "fork"):
+                 start_timeout: float = 120.0, start_method: str = "forkserver"):
         B = env.num_envs
         W = default_workers(B) if workers is None else workers
         if W < 1 or B % W:
@@ -89,6 +89,8 @@ class ParallelSampler:
         self._shared_state = None
         policy = ("agent", agent) if agent is not None else ("act", act)
         ctx = mp.get_context(start_method)
+        if start_method == "forkserver":   # the server imports these once; each worker is a fork of it
+            ctx.set_forkserver_preload(["torch", "envpool", "fnrl.algos", "fnrl.envs", "fnrl.samplers.parallel"])
         n, base_seed = B // W, int(torch.randint(2**31 - 1, ()))
         self._conns, self._procs = [], []
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
