@@ -22,7 +22,7 @@ policy gives exactly the serial sampler's rollout.
 Shutdown: `close()` (also run at interpreter exit and when the sampler is garbage
 collected) asks each worker to stop, then terminates and kills what remains. Workers
 are daemons, ignore Ctrl-C (the learner stops them), and exit when the learner dies
-(their pipe closes or their parent pid changes). Every wait has a timeout; a worker
+(their pipe closes or the learner's pid is gone). Every wait has a timeout; a worker
 that dies or fails makes `collect` raise `SamplerError` at once, naming the worker, and
 closes the sampler.
 """
@@ -218,7 +218,17 @@ def _shutdown(procs, conns) -> None:
 
 
 # ----- worker side ----------------------------------------------------------------------------
-def _worker(conn, factory, num_envs, seed, columns, policy, spec, horizon, torch_seed, parent_pid) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _worker(conn, factory, num_envs, seed, columns, policy, spec, horizon, torch_seed, learner_pid) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C: the learner shuts the workers down
     torch.set_num_threads(1)
     torch.manual_seed(torch_seed)
@@ -237,7 +247,7 @@ def _worker(conn, factory, num_envs, seed, columns, policy, spec, horizon, torch
         lane = state = None
         while True:
             if not conn.poll(1.0):
-                if os.getppid() != parent_pid:
+                if not _alive(learner_pid):
                     return
                 continue
             msg = conn.recv()
