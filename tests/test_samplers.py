@@ -73,6 +73,7 @@ def test_parallel_workers_read_the_learners_latest_state():
         state = _counter_state()
         for k in range(3):
             state["env_steps"] += 1
+            time.sleep(2.5 * (k == 1))   # idle workers keep waiting (they poll the learner's pid each second)
             ro = sampler.collect(state)
             assert (ro["action"] == (k + 1) % 2).all()
             assert ro["extras_seen"].eq(k + 1).all()
