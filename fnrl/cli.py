@@ -3,7 +3,7 @@
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-interval N [--eval-episodes K]]
-                    [--sampler serial|async] [--nproc N] [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
+                    [--sampler NAME [--sampler-workers W]] [--nproc N] [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
@@ -24,7 +24,7 @@ from fnrl.errors import ConfigError
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "quiet", "stop_return",
                 "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep",
-                "nproc")
+                "nproc", "sampler_workers")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -104,9 +104,12 @@ def _train(argv: list[str]) -> int:
                              "eval_return_mean (default: never)")
     parser.add_argument("--eval-episodes", type=int, default=10, metavar="K",
                         help="episodes per evaluation (default: 10)")
-    parser.add_argument("--sampler", default="serial", choices=["serial", "async"],
-                        help="serial: env and policy in this process; async: off-policy sampling in its own "
-                             "process writing a shared replay (default: serial)")
+    parser.add_argument("--sampler", default="serial", metavar="NAME",
+                        help="how rollouts are collected: serial, alternating (two EnvPool groups overlapping the "
+                             "policy), parallel (worker processes) or async (off-policy: sampling in its own "
+                             "process writing a shared replay) (default: serial)")
+    parser.add_argument("--sampler-workers", type=int, default=None, metavar="W",
+                        help="worker processes of --sampler parallel (default: one per core, dividing --num-envs)")
     parser.add_argument("--num-seeds", type=int, default=1, metavar="K",
                         help="train seeds SEED..SEED+K-1 at once in one process, vmapped (default: 1)")
     parser.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",

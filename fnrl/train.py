@@ -26,13 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fnrl import algos, envs
+from fnrl import algos, envs, samplers
 from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "fnrl-checkpoint-v2"  # v2: PPO/A2C states hold seed, hp and a stored learning rate
-SAMPLERS = ("serial", "async")
 
 
 class TrainingError(RuntimeError):
@@ -146,7 +145,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
            quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
            threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
            stop_return: float | None = None, eval_interval: int | None = None, eval_episodes: int = 10,
-           sampler: str = "serial", num_seeds: int = 1, sweep: dict | None = None) -> TrainResult:
+           sampler: str = "serial", sampler_workers: int | None = None, num_seeds: int = 1,
+           sweep: dict | None = None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -165,11 +165,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         (fnrl.evaluate.OnlineEval) at the first log row after every `eval_interval` env
         steps and at the end: `eval_episodes` full episodes, logged as `eval_return_mean`
         and `eval_return_std` (NaN in the other rows).
-    sampler: "serial" (this loop) or "async" (off-policy: sampling in its own process,
-        see fnrl.train_async).
+    sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
+        parallel), or "async" (off-policy: sampling in its own process, see fnrl.train_async).
+    sampler_workers: worker processes of the parallel sampler (default: one per core).
     """
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"unknown sampler {sampler!r}; choose one of: {', '.join(SAMPLERS)}")
     module = algos.load(name)
     if resume is not None:
         with world.agree():
@@ -205,6 +204,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     run_config = config   # as asked: saved in config.json and checkpoints; a rank runs its share of total_steps
     if world.size > 1:
         config = dataclasses.replace(config, total_steps=-(-config.total_steps // world.size))
+    if sampler != "async":
+        samplers.load(sampler)   # an unknown name: one line listing the choices
     if threads is not None:
         torch.set_num_threads(threads)
     seed_everything(seed + world.rank)
@@ -253,9 +254,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                                  device=device)
 
     from fnrl.logger import Logger
-    from fnrl.samplers import SerialSampler
-
-    sampler = SerialSampler(env, agent.act, config.num_steps, device=device)
+    sampler = samplers.make(sampler, env, agent.act, config.num_steps, device=device, agent=(name, config),
+                            workers=sampler_workers)
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None) if world.main else RowsOnly()
     logger.group_keys = tuple(sweep or ())
     off_policy = module.KIND == "off_policy"
@@ -391,7 +391,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         if bar is not None:
             bar.close()
         logger.close()
-        env.close()
+        sampler.close()
         if online_eval is not None:
             online_eval.close()
     if plot and world.main:

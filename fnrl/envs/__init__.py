@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from functools import lru_cache
 
 import gymnasium as gym
@@ -77,7 +78,17 @@ def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, b
     train: for Atari, training envs use episodic life and reward clipping; evaluation envs
         (train=False) use neither. Episode statistics always report the raw game score.
     kwargs: passed to `envpool.make` or `gymnasium.make_vec`.
+
+    The env remembers how it was made: `env.factory(n, s)` builds n more such envs seeded
+    s (env i of a batch seeded s gets seed s + i, so envs [lo, hi) of `make(id, B, seed)`
+    are `env.factory(hi - lo, seed + lo)`), and `env.seed` is `seed`.
     """
+    env = _make(env_id, num_envs, seed, train=train, backend=backend, **kwargs)
+    env.factory, env.seed = functools.partial(make, env_id, train=train, backend=backend, **kwargs), seed
+    return env
+
+
+def _make(env_id: str, num_envs: int, seed: int, *, train: bool, backend: str, **kwargs) -> BatchedEnv:
     if backend not in ("auto", "envpool", "gymnasium"):
         raise ConfigError(f"unknown env backend {backend!r}: use auto, envpool or gymnasium")
     if num_envs < 1:

@@ -54,7 +54,13 @@ class BatchedEnv:
     `raw_env` is an EnvPool env (env_type="gymnasium") or a gymnasium VectorEnv with
     next-step autoreset. `atari` switches the episode statistics to the raw game score
     over whole games (EnvPool's `info["reward"]`, `info["terminated"]`).
+
+    `factory(num_envs, seed)` builds more envs like these and `seed` is this batch's seed
+    (set by `fnrl.envs.make`; None for an env built by hand).
     """
+
+    factory = None
+    seed = None
 
     def __init__(self, raw_env, spec: EnvSpec, atari: bool = False, seed: int | None = None,
                  obs_index: tuple[int, ...] | None = None):
@@ -90,18 +96,41 @@ class BatchedEnv:
     def _obs(self, obs):
         return _obs_to_torch(self.obs_array(obs), [self.num_envs])
 
+    def _np_action(self, action: torch.Tensor) -> np.ndarray:
+        return action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
+
     def step(self, action: torch.Tensor) -> dict:
         """One step of all envs: a dict of [B]-leading tensors (keys in the module docstring)."""
-        out = self.step_arrays(action)
-        obs = out.pop("obs")
-        return {"obs": self._obs(obs), **{k: torch.from_numpy(v) for k, v in out.items()}}
+        return self.to_torch(self.step_arrays(action))
 
     def step_arrays(self, action: torch.Tensor) -> dict:
         """`step` before the conversion to torch: the flags and statistics as numpy arrays
         (and `obs` as the backend returned it). The bookkeeping is done in numpy, whose
         per-call cost on [B] arrays is a fraction of torch's eager dispatch."""
-        act = action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
-        obs, reward, terminated, truncated, info = self.raw.step(act)
+        return self._wrap(*self.raw.step(self._np_action(action)))
+
+    def to_torch(self, out: dict) -> dict:
+        """A `step_arrays` result as `step` returns it (zero-copy where the dtype allows)."""
+        return {k: self._obs(v) if k == "obs" else torch.from_numpy(v) for k, v in out.items()}
+
+    @property
+    def can_send(self) -> bool:
+        """True for EnvPool envs, which can step in the background (`send`, then `recv`)."""
+        return hasattr(self.raw, "send") and hasattr(self.raw, "recv")
+
+    def send(self, action: torch.Tensor) -> None:
+        """Start stepping every env with `action` [B] and return at once (EnvPool only)."""
+        self.raw.send(self._np_action(action))
+
+    def recv(self) -> dict:
+        """Wait for the step started by `send`; the same dict as `step` returns."""
+        return self.to_torch(self.recv_arrays())
+
+    def recv_arrays(self) -> dict:
+        """`recv` before the conversion to torch (see `step_arrays`)."""
+        return self._wrap(*self.raw.recv())
+
+    def _wrap(self, obs, reward, terminated, truncated, info) -> dict:
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
         reward = np.asarray(reward, dtype=np.float32)
