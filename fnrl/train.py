@@ -137,6 +137,13 @@ def train(name: str, config=None, *, seed: int = 0, log_dir=None, device: str = 
     if threads is not None:
         torch.set_num_threads(threads)
     seed_everything(seed)
+    if getattr(module, "RUNTIME", "serial") == "central":  # actor processes + central inference (IMPALA)
+        from fnrl.train_central import train_central
+
+        return train_central(name, module, config, seed=seed, log_dir=log_dir, device=device, compile=compile,
+                             quiet=quiet, resume=resume, log_interval=log_interval,
+                             checkpoint_every=checkpoint_every, tensorboard=tensorboard, plot=plot,
+                             stop_return=stop_return)
     env = envs.make(config.env_id, config.num_envs, seed=seed)
     agent = _make_agent(module, config, env.spec, compile)
     run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
