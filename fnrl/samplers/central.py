@@ -270,6 +270,7 @@ class CentralSampler:
                 except (EOFError, OSError):
                     if self._stop.is_set():
                         return
+                    self._procs[i].join(2.0)  # let check() report it with its exit code
                     raise ActorError(f"actor {i} closed its pipe (it died)") from None
             self._forward(ids)
             for i in ids:
