@@ -94,8 +94,9 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
             try:
                 batch = sampler.get(config.batch_size)
             except ActorError as e:
-                raise TrainingError(f"{e} (at env step {counters['env_steps']}); "
-                                    f"the last checkpoint is {run_dir / CHECKPOINT}") from e
+                kept = (f"the last checkpoint is {run_dir / CHECKPOINT}" if (run_dir / CHECKPOINT).exists()
+                        else "no checkpoint was written yet")
+                raise TrainingError(f"{e} (at env step {counters['env_steps']}); {kept}") from e
             counters["env_steps"] += steps_per_update
             state["env_steps"] += steps_per_update
             valid = batch["valid"]
