@@ -150,7 +150,7 @@ def _counting_act(calls):
 def _sampler(act, **kw):
     kw = dict(dict(horizon=5, obs_shape=(4,), obs_dtype=torch.float32, seed=3, num_slots=32,
                    batch_wait_s=5.0), **kw)
-    return CentralSampler("CartPole-v1", 4, 2, act, None, **kw)
+    return CentralSampler("CartPole-v1", 4, 2, act, kw.pop("state", None), **kw)
 
 
 def _assert_gone(pids):
@@ -195,6 +195,31 @@ def test_killed_actor_gives_clear_error_without_hanging():
     finally:
         sampler.close()
     _assert_gone(sampler.pids)
+
+
+def test_recurrent_server_keeps_each_envs_carry():
+    """LSTM: the server carries each env's state across steps and trajectories and resets it at
+    episode starts, so re-unrolling a trajectory from its initial carry (as the update does)
+    reproduces every step's carry and the behaviour log-probs exactly (rho = 1)."""
+    cfg = config(core="lstm", core_size=8, num_envs=4, num_steps=5)
+    agent = impala.make(cfg, SPEC)
+    state = agent.init(0)
+    rnn = common.recurrent_actor_critic_policy(SPEC, "lstm", 8, cfg.hidden)
+    with _sampler(impala.make(cfg, SPEC).act, state=state, batch_wait_s=0.002, num_slots=4) as sampler:
+        trajs = [sampler.get(1) for _ in range(12)]
+    resets = 0
+    for traj in trajs:
+        resets += int(traj["reset"][1:].sum())
+        carry = traj["carry"][0]
+        for t in range(traj.batch_size[0]):
+            carry = carry.clone()
+            carry["reset"] = traj["reset"][t]
+            d, _, carry, carry_in = rnn.step(state["params"], traj["obs"][t], carry)
+            torch.testing.assert_close(carry_in.to_dict(), traj["carry"][t].to_dict())
+            torch.testing.assert_close(common.CATEGORICAL.log_prob(*d, traj["action"][t]), traj["logp"][t])
+        _, metrics = agent.update(state, traj)
+        torch.testing.assert_close(metrics["rho_mean"], torch.tensor(1.0))
+    assert resets > 0  # episodes started inside trajectories
 
 
 # ---------------------------------------------------------------------------
