@@ -241,3 +241,16 @@ def test_impala_learns_cartpole_with_two_actor_processes(tmp_path):
     lags = [r["policy_lag_mean"] for r in rows if math.isfinite(r["policy_lag_mean"])]
     assert lags and all(lag >= 0 for lag in lags)
     assert "policy_lag_mean" in (tmp_path / "run" / "progress.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_impala_lstm_learns_cartpole_without_velocities(tmp_path):
+    """LSTM IMPALA on the partially observed fnrl/CartPoleNoVel-v1: >= 400 within 300k env steps."""
+    cfg = impala.Config(env_id="fnrl/CartPoleNoVel-v1", core="lstm", core_size=64, hidden=(64,))
+    t0 = time.perf_counter()
+    result = train("impala", cfg, seed=0, log_dir=tmp_path / "run", compile=False, quiet=True,
+                   tensorboard=False, plot=False, stop_return=400)
+    print(f"impala lstm: {result.history[-1]['env_steps']} env steps, return {result.return_mean:.1f}, "
+          f"{time.perf_counter() - t0:.1f} s")
+    assert result.history[-1]["env_steps"] <= 300_000
+    assert result.return_mean >= 400
