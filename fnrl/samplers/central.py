@@ -83,9 +83,10 @@ class CentralSampler:
         requests before running the forward anyway.
     obs_shape / obs_dtype: one observation (a tensor observation space).
     stall_timeout_s: `get` raises `ActorError` when no trajectory arrives for this long.
-    start_method: "fork" (the default where available: actors start in a fraction of a
-        second, the learner's imports are inherited; actors never touch CUDA, and they are
-        started before the inference thread) or "spawn" (a fresh interpreter per actor).
+    start_method: "fork" (the default on a CPU device where available: actors start in a
+        fraction of a second and inherit the learner's imports; they are started before the
+        inference thread) or "spawn" (a fresh interpreter per actor; the default with a
+        CUDA device, which must not be forked).
 
     Counters: `forwards` (inference forward passes), `requests` (actor requests served),
     `batch_sizes` (requests served by each forward, the last 10,000).
@@ -100,7 +101,8 @@ class CentralSampler:
         self.device = torch.device(device)
         self.batch_wait_s, self.stall_timeout_s, self.start_timeout_s = batch_wait_s, stall_timeout_s, start_timeout_s
         self.num_slots = max(num_slots or 2 * num_actors, num_actors)
-        self.start_method = start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        forkable = "fork" in mp.get_all_start_methods() and self.device.type == "cpu"
+        self.start_method = start_method or ("fork" if forkable else "spawn")
         self._state, self._version = state, 0
         self._lock = threading.Lock()
         self.forwards = self.requests = self.trajectories = 0
