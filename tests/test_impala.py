@@ -222,6 +222,26 @@ def test_recurrent_server_keeps_each_envs_carry():
     assert resets > 0  # episodes started inside trajectories
 
 
+def test_inference_failure_stops_everything_with_clear_error():
+    calls = []
+    inner = _counting_act(calls)
+
+    def act(state, obs, carry, explore):
+        if len(calls) > 30:
+            raise RuntimeError("boom")
+        return inner(state, obs, carry, explore)
+
+    sampler = _sampler(act, batch_wait_s=0.002)
+    try:
+        sampler.start()
+        with pytest.raises(ActorError, match=r"^central inference failed: RuntimeError: boom"):
+            for _ in range(1000):
+                sampler.get(1)
+    finally:
+        sampler.close()
+    _assert_gone(sampler.pids)
+
+
 # ---------------------------------------------------------------------------
 # Learning
 # ---------------------------------------------------------------------------

@@ -62,6 +62,12 @@ class ActorError(RuntimeError):
     """An actor process died, or the inference server failed."""
 
 
+class _DeadActor(Exception):
+    def __init__(self, index: int):
+        super().__init__(f"actor {index} closed its pipe")
+        self.index = index
+
+
 def _shared(shape, dtype) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype).share_memory_()
 
@@ -230,13 +236,16 @@ class CentralSampler:
 
     def check(self) -> None:
         """Raise ActorError (one line) if the inference thread failed or an actor died."""
-        for i, p in enumerate(self._procs):
-            if not p.is_alive():
-                raise ActorError(f"actor {i} (pid {p.pid}) died with exit code {p.exitcode}; "
-                                 f"all actors were stopped")
-        if self._error is not None:
-            raise ActorError(f"central inference failed: {type(self._error).__name__}: {self._error}") \
-                from self._error
+        dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+        if isinstance(self._error, _DeadActor):
+            dead = [self._error.index]
+        elif self._error is not None:  # the others stopped because of it
+            raise ActorError(f"central inference failed: {type(self._error).__name__}: {self._error}; "
+                             f"all actors were stopped") from self._error
+        if dead:
+            p = self._procs[dead[0]]
+            raise ActorError(f"actor {dead[0]} (pid {p.pid}) died with exit code {p.exitcode}; "
+                             f"all actors were stopped")
 
     # ------------------------------------------------------------------ inference thread
 
@@ -273,7 +282,7 @@ class CentralSampler:
                     if self._stop.is_set():
                         return
                     self._procs[i].join(2.0)  # let check() report it with its exit code
-                    raise ActorError(f"actor {i} closed its pipe (it died)") from None
+                    raise _DeadActor(i) from None
             self._forward(ids)
             for i in ids:
                 conns[i].send_bytes(b"a")
