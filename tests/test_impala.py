@@ -266,7 +266,8 @@ def test_impala_learns_cartpole_with_two_actor_processes(tmp_path):
 @pytest.mark.slow
 def test_impala_lstm_learns_cartpole_without_velocities(tmp_path):
     """LSTM IMPALA on the partially observed fnrl/CartPoleNoVel-v1: >= 400 within 300k env steps."""
-    cfg = impala.Config(env_id="fnrl/CartPoleNoVel-v1", core="lstm", core_size=64, hidden=(64,))
+    cfg = impala.Config(env_id="fnrl/CartPoleNoVel-v1", core="lstm", core_size=64, hidden=(64,), num_steps=20,
+                        max_grad_norm=40.0)
     t0 = time.perf_counter()
     result = train("impala", cfg, seed=0, log_dir=tmp_path / "run", compile=False, quiet=True,
                    tensorboard=False, plot=False, stop_return=400)
