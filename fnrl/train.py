@@ -220,6 +220,16 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                            quiet=quiet, ckpt=ckpt if resume is not None else None, log_interval=log_interval,
                            checkpoint_every=checkpoint_every, threads=threads, tensorboard=tensorboard, plot=plot,
                            stop_return=stop_return)
+    if getattr(module, "RUNTIME", "serial") == "central":  # actor processes + central inference (IMPALA)
+        from fnrl.train_central import train_central
+
+        if rows or world.size > 1 or sampler != "serial" or eval_interval is not None:
+            raise ConfigError(f"{name} runs its own actor processes: drop --sampler, --nproc, --num-seeds, "
+                              "--sweep and --eval-interval (evaluate its checkpoint with `fnrl eval RUN_DIR`)")
+        return train_central(name, module, config, seed=seed, log_dir=log_dir, device=device, compile=compile,
+                             quiet=quiet, resume=resume, log_interval=log_interval,
+                             checkpoint_every=checkpoint_every, tensorboard=tensorboard, plot=plot,
+                             stop_return=stop_return)
     if rows:
         env = envs.make(config.env_id, width * config.num_envs, seed=vmapped.env_seeds(rows, config.num_envs))
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)

@@ -24,6 +24,7 @@ ALGOS: dict[str, str] = {
     "td3": "fnrl.algos.qpg",
     "sac": "fnrl.algos.qpg",
     "r2d1": "fnrl.algos.r2d1",
+    "impala": "fnrl.algos.impala",
 }
 
 

@@ -1,0 +1,392 @@
+"""Central batched inference with actor processes (SEED RL, Espeholt et al. 2020, arXiv:1910.06591).
+
+Actor processes only step environments; the policy runs in the learner process, on the
+learner's device, in one inference thread that batches the requests of all actors:
+
+    actor i (process)                      learner process
+    -----------------                      ---------------
+    obs -> request slot i, byte on pipe i  inference thread: wait for the first request, then
+    wait for the byte back                 up to `batch_wait_s` for the others (or all actors);
+    read action (+ logp, carry, version)   one `act` forward on the concatenated observations;
+    env.step(action)                       write each actor's rows back; a byte on each pipe
+    every T steps: the trajectory slot ->  learner thread: `get(n)` pops n trajectories from the
+      the full queue; take a free slot      full queue (a [T, n*B] TensorDict), frees their slots,
+                                            updates, then `set_state(state, version)`
+
+Transport: shared-memory tensors for observations, responses and trajectories; one duplex
+pipe per actor for the request/response signal (an actor that dies closes its pipe, which
+the server sees at once); two `multiprocessing.Queue`s of slot indices make the trajectory
+queue bounded (`num_slots` trajectories in flight: an actor waits for a free slot when the
+learner falls behind).
+
+Trajectories are [T, B] TensorDicts shaped like fnrl's serial rollouts (see
+fnrl.samplers.serial): `obs`, `next_obs` (views of one [T + 1, B] buffer), `action`,
+`reward`, `terminated`, `truncated`, `done`, `valid`, `episode_end`, `episode_return`,
+`episode_length`, `reset` (True where the observation starts an episode), every extra of
+`act` (`logp`, and for recurrent policies `carry`: the state each step started from), and
+`version` [T, B] int64: the policy version that chose each action.
+
+Recurrent policies: the carry lives with the inference server, per actor and env, and is
+reset from the actor's `reset` flags exactly as the serial sampler does.
+
+Shutdown: `close()` (also on any exception or Ctrl-C in the learner) sets a stop event,
+joins every actor with a timeout and kills stragglers. Actors ignore SIGINT (the learner
+stops them), check the stop event and their parent at every wait, and exit when the
+learner is gone. An actor that dies makes the learner's next wait raise `ActorError`
+with one line naming the actor and its exit code.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from multiprocessing.connection import wait as wait_connections
+from typing import Callable
+
+import torch
+import torch.multiprocessing as mp
+from tensordict import TensorDict
+
+_STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
+              "episode_length")
+_STEP_DTYPES = {"reward": torch.float32, "terminated": torch.bool, "truncated": torch.bool, "done": torch.bool,
+                "valid": torch.bool, "episode_end": torch.bool, "episode_return": torch.float32,
+                "episode_length": torch.float32}
+_POLL_S = 0.2  # the longest any wait blocks before checking the stop event / liveness
+
+
+class ActorError(RuntimeError):
+    """An actor process died, or the inference server failed."""
+
+
+class _DeadActor(Exception):
+    def __init__(self, index: int):
+        super().__init__(f"actor {index} closed its pipe")
+        self.index = index
+
+
+def _shared(shape, dtype) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype).share_memory_()
+
+
+class CentralSampler:
+    """Actor processes stepping EnvPool, batched central inference, a bounded trajectory queue.
+
+    env_id, num_envs: each of the `num_actors` actors steps its own `num_envs` envs, seeded
+        `seed + i * num_envs` (actor i), so every env has its own seed.
+    act(state, obs [N, *obs], carry, explore) -> (action [N, ...], extras, carry): the
+        policy (fnrl's agent protocol); called only in the inference thread, under no_grad.
+        It must not share network modules with code running in another thread (the
+        learner's update): `functional_call` swaps a module's parameters while it runs.
+    state: the initial state `act` reads; `set_state` swaps it (and its version) later.
+    horizon: T, env steps per trajectory.
+    num_slots: trajectories in flight (being filled or waiting in the queue) at most; at
+        least `num_actors`.
+    batch_wait_s: after the first request, how long the server waits for the other actors'
+        requests before running the forward anyway.
+    obs_shape / obs_dtype: one observation (a tensor observation space).
+    stall_timeout_s: `get` raises `ActorError` when no trajectory arrives for this long.
+    start_method: "fork" (the default on a CPU device where available: actors start in a
+        fraction of a second and inherit the learner's imports; they are started before the
+        inference thread) or "spawn" (a fresh interpreter per actor; the default with a
+        CUDA device, which must not be forked).
+
+    Counters: `forwards` (inference forward passes), `requests` (actor requests served),
+    `batch_sizes` (requests served by each forward, the last 10,000).
+    """
+
+    def __init__(self, env_id: str, num_envs: int, num_actors: int, act: Callable, state, *, horizon: int,
+                 obs_shape: tuple, obs_dtype: torch.dtype, seed: int = 0, num_slots: int | None = None,
+                 batch_wait_s: float = 0.002, device: str | torch.device = "cpu", explore: bool = True,
+                 stall_timeout_s: float = 120.0, start_timeout_s: float = 300.0, start_method: str | None = None):
+        self.env_id, self.num_envs, self.num_actors, self.horizon = env_id, num_envs, num_actors, horizon
+        self.act, self.explore, self.seed = act, explore, seed
+        self.device = torch.device(device)
+        self.batch_wait_s, self.stall_timeout_s, self.start_timeout_s = batch_wait_s, stall_timeout_s, start_timeout_s
+        self.num_slots = max(num_slots or 2 * num_actors, num_actors)
+        forkable = "fork" in mp.get_all_start_methods() and self.device.type == "cpu"
+        self.start_method = start_method or ("fork" if forkable else "spawn")
+        self._state, self._version = state, 0
+        self._lock = threading.Lock()
+        self.forwards = self.requests = self.trajectories = 0
+        self.batch_sizes: list[int] = []
+        self._error: BaseException | None = None
+        self._started = False
+        self._closed = False
+        self._procs: list = []
+        self._thread: threading.Thread | None = None
+        A, B, T = num_actors, num_envs, horizon
+
+        # One probe forward gives the shapes of the action, the extras and the carry.
+        obs0 = torch.zeros((B, *obs_shape), dtype=obs_dtype, device=self.device)
+        with torch.no_grad():
+            action, extras, carry = act(state, obs0, None, explore)
+        reply = _flat_reply(action, extras, B)
+        self._recurrent = carry is not None
+        self._carries = [torch.zeros_like(carry) for _ in range(A)] if self._recurrent else None
+
+        self._request = {"obs": _shared((A, B, *obs_shape), obs_dtype), "reset": _shared((A, B), torch.bool)}
+        self._reply = {k: _shared((A, *v.shape), v.dtype) for k, v in reply.items()}
+        self._reply["version"] = _shared((A,), torch.int64)
+        slots = {"obs": _shared((self.num_slots, T + 1, B, *obs_shape), obs_dtype)}
+        slots.update({k: _shared((self.num_slots, T, B), d) for k, d in _STEP_DTYPES.items()})
+        slots["reset"] = _shared((self.num_slots, T, B), torch.bool)
+        slots.update({k: _shared((self.num_slots, T, *v.shape), v.dtype) for k, v in reply.items()})
+        slots["version"] = _shared((self.num_slots, T, B), torch.int64)
+        self._slots = slots
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> "CentralSampler":
+        """Spawn the actors and start the inference thread."""
+        ctx = mp.get_context(self.start_method)
+        self._stop = ctx.Event()
+        self._free, self._full = ctx.Queue(), ctx.Queue()
+        for s in range(self.num_slots):
+            self._free.put(s)
+        self._conns = []
+        try:
+            for i in range(self.num_actors):
+                here, there = ctx.Pipe(duplex=True)
+                p = ctx.Process(target=_actor_main, name=f"fnrl-actor-{i}", daemon=True, args=(
+                    i, self.env_id, self.num_envs, self.seed + i * self.num_envs, self.horizon, self._request,
+                    self._reply, self._slots, there, self._free, self._full, self._stop, os.getpid()))
+                p.start()
+                there.close()
+                self._procs.append(p)
+                self._conns.append(here)
+        except BaseException:
+            self.close()
+            raise
+        self._started = True
+        self._thread = threading.Thread(target=self._serve, name="fnrl-inference", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the inference thread and every actor (join with a timeout, then kill). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if hasattr(self, "_stop"):
+            self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+        for c in getattr(self, "_conns", []):
+            c.close()
+        for q in (getattr(self, "_free", None), getattr(self, "_full", None)):
+            if q is not None:
+                q.cancel_join_thread()
+                q.close()
+
+    def __enter__(self):
+        return self.start() if not self._started else self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    # ------------------------------------------------------------------ learner side
+
+    def set_state(self, state, version: int) -> None:
+        """Serve `state` (policy version `version`) from the next forward on. `state` must
+        not be written in place afterwards (fnrl updates return new tensors)."""
+        with self._lock:
+            self._state, self._version = state, version
+
+    def get(self, n: int) -> TensorDict:
+        """Pop `n` trajectories and return them concatenated along B: a TensorDict [T, n * num_envs].
+
+        Raises ActorError if an actor or the inference thread died, or nothing arrived
+        for `stall_timeout_s` (the first one gets `start_timeout_s`, to cover process start).
+        """
+        ids = []
+        limit = self.start_timeout_s if self.trajectories == 0 else self.stall_timeout_s
+        deadline = time.monotonic() + limit
+        while len(ids) < n:
+            self.check()
+            try:
+                ids.append(self._full.get(timeout=_POLL_S))
+                deadline = time.monotonic() + self.stall_timeout_s
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise ActorError(f"no trajectory from the {self.num_actors} actors for {limit:.0f} s; "
+                                     f"the actors or the inference server are stuck") from None
+        batch = {k: torch.cat([v[i] for i in ids], dim=1) for k, v in self._slots.items()}
+        for i in ids:
+            self._free.put(i)
+        self.trajectories += n
+        obs_all = batch.pop("obs")
+        batch.update(obs=obs_all[:-1], next_obs=obs_all[1:])
+        T, B = self.horizon, n * self.num_envs
+        return TensorDict(batch, batch_size=[T, B]).unflatten_keys(".").to(self.device)
+
+    def check(self) -> None:
+        """Raise ActorError (one line) if the inference thread failed or an actor died."""
+        dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
+        if isinstance(self._error, _DeadActor):
+            dead = [self._error.index]
+        elif self._error is not None:  # the others stopped because of it
+            raise ActorError(f"central inference failed: {type(self._error).__name__}: {self._error}; "
+                             f"all actors were stopped") from self._error
+        if dead:
+            p = self._procs[dead[0]]
+            raise ActorError(f"actor {dead[0]} (pid {p.pid}) died with exit code {p.exitcode}; "
+                             f"all actors were stopped")
+
+    # ------------------------------------------------------------------ inference thread
+
+    def _serve(self) -> None:
+        try:
+            with torch.no_grad():
+                self._serve_loop()
+        except BaseException as e:  # reported by check() in the learner thread
+            if not self._stop.is_set():
+                self._error = e
+                self._stop.set()
+
+    def _serve_loop(self) -> None:
+        conns = self._conns
+        index = {c: i for i, c in enumerate(conns)}
+        A = self.num_actors
+        while not self._stop.is_set():
+            ready = wait_connections(conns, timeout=_POLL_S)
+            if not ready:
+                continue
+            pending = set(ready)
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(pending) < A and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                more = wait_connections([c for c in conns if c not in pending], timeout=min(left, _POLL_S))
+                pending.update(more)
+            ids = sorted(index[c] for c in pending)
+            for i in ids:
+                try:
+                    conns[i].recv_bytes()
+                except (EOFError, OSError):
+                    if self._stop.is_set():
+                        return
+                    self._procs[i].join(2.0)  # let check() report it with its exit code
+                    raise _DeadActor(i) from None
+            self._forward(ids)
+            for i in ids:
+                conns[i].send_bytes(b"a")
+
+    def _forward(self, ids: list[int]) -> None:
+        B, n = self.num_envs, len(ids)
+        idx = torch.tensor(ids)
+        obs = self._request["obs"].index_select(0, idx).flatten(0, 1).to(self.device, non_blocking=True)
+        carry = None
+        if self._recurrent:
+            carry = torch.cat([self._carries[i] for i in ids])
+            carry["reset"] = self._request["reset"].index_select(0, idx).flatten().to(self.device)
+        with self._lock:
+            state, version = self._state, self._version
+        action, extras, carry = self.act(state, obs, carry, self.explore)
+        reply = _flat_reply(action, extras, n * B)
+        for j, i in enumerate(ids):
+            for k, v in reply.items():
+                self._reply[k][i].copy_(v[j * B:(j + 1) * B])
+            self._reply["version"][i] = version
+            if self._recurrent:
+                self._carries[i] = carry[j * B:(j + 1) * B]
+        self.forwards += 1
+        self.requests += n
+        self.batch_sizes.append(n)
+        if len(self.batch_sizes) > 10_000:
+            del self.batch_sizes[:5_000]
+
+
+def _flat_reply(action, extras, N: int) -> dict:
+    """action + extras as one flat dict of CPU tensors [N, ...] (nested keys joined by '.')."""
+    td = TensorDict({"action": action, **dict(extras)}, batch_size=[N])
+    return {k: v.detach().cpu() for k, v in td.flatten_keys(".").items()}
+
+
+# ---------------------------------------------------------------------- actor process
+
+
+def _actor_main(index, env_id, num_envs, seed, horizon, request, reply, slots, conn, free, full, stop,
+                parent_pid) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops the actors on Ctrl-C
+    torch.set_num_threads(1)
+    try:
+        _actor_loop(index, env_id, num_envs, seed, horizon, request, reply, slots, conn, free, full, stop,
+                    parent_pid)
+    except _Stopped:
+        pass
+    except BaseException:
+        if not stop.is_set():
+            traceback.print_exc()
+            raise SystemExit(1)
+    finally:
+        conn.close()
+        full.cancel_join_thread()
+        free.cancel_join_thread()
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _alive(stop, parent_pid) -> None:
+    if stop.is_set() or os.getppid() != parent_pid:
+        raise _Stopped
+
+
+def _actor_loop(index, env_id, num_envs, seed, horizon, request, reply, slots, conn, free, full, stop,
+                parent_pid) -> None:
+    from fnrl import envs
+
+    env = envs.make(env_id, num_envs, seed=seed)
+    try:
+        obs = env.reset()["obs"]
+        reset = torch.ones(num_envs, dtype=torch.bool)
+        my_obs, my_reset = request["obs"][index], request["reset"][index]
+        reply_keys = [k for k in reply if k != "version"]
+        my_reply = {k: reply[k][index] for k in reply_keys}
+        while True:
+            slot = None
+            while slot is None:
+                _alive(stop, parent_pid)
+                try:
+                    slot = free.get(timeout=_POLL_S)
+                except queue.Empty:
+                    pass
+            out = {k: v[slot] for k, v in slots.items()}
+            out["obs"][0] = obs
+            for t in range(horizon):
+                my_obs.copy_(obs)
+                my_reset.copy_(reset)
+                conn.send_bytes(b"r")
+                while not conn.poll(_POLL_S):
+                    _alive(stop, parent_pid)
+                conn.recv_bytes()
+                for k in reply_keys:
+                    out[k][t] = my_reply[k]
+                out["version"][t] = reply["version"][index]
+                out["reset"][t] = reset
+                step = env.step(my_reply["action"])
+                for k in _STEP_KEYS:
+                    out[k][t] = step[k]
+                obs = step["obs"]
+                out["obs"][t + 1] = obs
+                reset = ~step["valid"]
+            full.put(slot)
+    finally:
+        env.close()
