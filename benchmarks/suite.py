@@ -50,6 +50,12 @@ class Workload:
     sb3: str | None  # name of a builder in SB3_MODELS
     note: str = ""
     train_kwargs: dict = field(default_factory=dict)
+    contenders: tuple[str, ...] = ("raw", "compiled", "eager", "sb3")
+
+    @property
+    def rows(self) -> int:
+        """Independent runs trained side by side (fnrl --num-seeds)."""
+        return self.train_kwargs.get("num_seeds", 1)
 
 
 CARTPOLE_PPO = dict(env_id="CartPole-v1", num_envs=4, num_steps=128, learning_rate=2.5e-4, anneal_lr=True,
@@ -86,6 +92,11 @@ WORKLOADS = [
              "CleanRL settings, batch 256, one update per step after 2k random steps"),
     Workload("ppo-pong", "ppo", dict(PONG_PPO, total_steps=5_120), 5_120, None, "ppo_pong",
              "CleanRL Atari settings, 8 envs x 128, Nature CNN"),
+    Workload("ppo-default-1seed", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 24_576, None,
+             "fnrl's default PPO CartPole config (8 envs x 32 steps), one seed", contenders=("raw", "compiled")),
+    Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 24_576, None,
+             "the same config, 8 seeds vmapped in one process (`--num-seeds 8`; steps are per seed, SPS counts "
+             "all seeds)", train_kwargs={"num_seeds": 8}, contenders=("raw", "compiled")),
 ]
 BY_KEY = {w.key: w for w in WORKLOADS}
 
@@ -115,8 +126,12 @@ def run_fnrl(w: Workload, steps: int, compile: bool, threads: int) -> dict:
                        tensorboard=False, plot=False, threads=threads, checkpoint_every=steps,
                        log_interval=max(per_collect, steps // 50), **w.train_kwargs)
         wall = time.perf_counter() - t0
-    marks = [(0, 0.0)] + [(r["env_steps"], r["wall_s"]) for r in result.history]
+    walls = {}
+    for r in result.history:   # a vmapped run logs one row per seed per interval
+        walls[r["env_steps"]] = max(walls.get(r["env_steps"], 0.0), r["wall_s"])
+    marks = [(0, 0.0)] + sorted(walls.items())
     sps, warmup = _steady(marks, steps)
+    sps *= w.rows
     returns = [r["return_mean"] for r in result.history if r["return_mean"] == r["return_mean"]]
     return {"sps": sps, "warmup_s": warmup, "wall_s": wall, "return": returns[-1] if returns else None}
 
@@ -134,7 +149,8 @@ def run_raw(w: Workload, seconds: float = 3.0) -> dict:
 
     from fnrl import envs
 
-    env = envs.make(w.config["env_id"], w.config["num_envs"], seed=0)
+    num_envs = w.config.get("num_envs", _config_fields(w.algo)["num_envs"]) * w.rows
+    env = envs.make(w.config["env_id"], num_envs, seed=0)
     raw, rng, spec = env.raw, np.random.default_rng(0), env.spec
     n = env.num_envs
     if spec.discrete:
@@ -331,7 +347,7 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
         n = steps or (w.quick_steps if quick else w.steps)
         r = {"w": w, "steps": n}
         for kind in CONTENDERS:
-            if kind not in contenders or (kind == "sb3" and w.sb3 is None):
+            if kind not in contenders or kind not in w.contenders or (kind == "sb3" and w.sb3 is None):
                 r[kind] = {"error": "not run"}
                 continue
             echo(f"[bench] {w.key}: {kind} ({n:,} steps) ...")
@@ -358,6 +374,11 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
         lines.append(f"| {r['w'].key} | {r['steps']:,} | {_cell(raw)} | {_cell(c)} | {_cell(c, 'warmup_s')} | "
                      f"{_cell(e)} | {_cell(s)} | {_ratio(c, s)} | {_ratio(c, e)} | {_ratio(c, raw)} | {ret} | "
                      f"{r['load']} |")
+    by_key = {r["w"].key: r for r in rows}
+    if {"ppo-default-1seed", "ppo-default-8seeds"} <= set(by_key):
+        ratio = _ratio(by_key["ppo-default-8seeds"]["compiled"], by_key["ppo-default-1seed"]["compiled"])
+        lines += ["", f"**Vmapped seeds:** 8 seeds in one process / 1 seed, total env steps per second "
+                      f"(compiled): **{ratio}** (target 4x)."]
     lines += ["", "Settings:", ""] + [f"- `{r['w'].key}`: {r['w'].note}." for r in rows]
     lines += ["", "Peers quoted from PEERS.md (same kind of machine, not re-run here): purejaxrl PPO CartPole "
               "121k SPS at 4 envs, 170k at 64 envs; CleanRL PPO CartPole 3.9k, DQN CartPole 3.6k, "

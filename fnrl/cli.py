@@ -1,10 +1,11 @@
-"""The `fnrl` command: train, eval, launch, plot.
+"""The `fnrl` command: train, eval, launch, plot, bench.
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-interval N [--eval-episodes K]]
-                    [--sampler NAME [--sampler-workers W]] [--nproc N] [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
-    fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif]
+                    [--sampler serial|alternating|parallel|async [--sampler-workers W]] [--nproc N]
+                    [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
+    fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
     fnrl bench [--quick] [--only KEY,...] [--threads N]   (from a source checkout)
