@@ -130,6 +130,8 @@ def _train(argv: list[str]) -> int:
     from fnrl.train import train
 
     result = train(name, config if run["resume"] is None else None, **run)
+    if result.log_dir is None:   # a non-zero rank of a torchrun launch: rank 0 reports
+        return 0
     print(f"done: {result.history[-1]['env_steps'] if result.history else 0} env steps, "
           f"return_mean {result.return_mean:.2f}; outputs in {result.log_dir}")
     return 0
