@@ -84,17 +84,17 @@ HALFCHEETAH_SAC = dict(env_id="HalfCheetah-v4", num_envs=1, num_steps=1, buffer_
 WORKLOADS = [
     Workload("ppo-cartpole-4", "ppo", dict(CARTPOLE_PPO, total_steps=100_000), 100_000, 20_480, "ppo_cartpole",
              "CleanRL settings, 4 envs x 128, 4 epochs x 4 minibatches"),
-    Workload("ppo-cartpole-64", "ppo", dict(CARTPOLE_PPO, num_envs=64, total_steps=500_000), 500_000, 131_072,
+    Workload("ppo-cartpole-64", "ppo", dict(CARTPOLE_PPO, num_envs=64, total_steps=500_000), 500_000, 65_536,
              "ppo_cartpole", "purejaxrl settings, 64 envs x 128, 4 epochs x 4 minibatches"),
     Workload("dqn-cartpole", "dqn", dict(CARTPOLE_DQN, total_steps=100_000), 100_000, 20_000, "dqn_cartpole",
              "CleanRL dqn.py settings, 1 env, batch 128, an update every 10 steps"),
-    Workload("sac-halfcheetah", "sac", dict(HALFCHEETAH_SAC, total_steps=8_000), 8_000, 3_000, "sac_halfcheetah",
+    Workload("sac-halfcheetah", "sac", dict(HALFCHEETAH_SAC, total_steps=8_000), 8_000, 3_500, "sac_halfcheetah",
              "CleanRL settings, batch 256, one update per step after 2k random steps"),
     Workload("ppo-pong", "ppo", dict(PONG_PPO, total_steps=5_120), 5_120, None, "ppo_pong",
              "CleanRL Atari settings, 8 envs x 128, Nature CNN"),
-    Workload("ppo-default-1seed", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 24_576, None,
+    Workload("ppo-default-1seed", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 16_384, None,
              "fnrl's default PPO CartPole config (8 envs x 32 steps), one seed", contenders=("raw", "compiled")),
-    Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 24_576, None,
+    Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 16_384, None,
              "the same config, 8 seeds vmapped in one process (`--num-seeds 8`; steps are per seed, SPS counts "
              "all seeds)", train_kwargs={"num_seeds": 8}, contenders=("raw", "compiled")),
 ]
@@ -104,9 +104,10 @@ BY_KEY = {w.key: w for w in WORKLOADS}
 # --------------------------------------------------------------------------- contenders (subprocess side)
 
 
-def _steady(marks: list[tuple[int, float]], total_steps: int) -> tuple[float, float]:
-    """(steady SPS over the marks after half the steps, seconds the early marks took beyond that rate)."""
-    half = total_steps / 2
+def _steady(marks: list[tuple[int, float]], total_steps: int, warmup_steps: int = 0) -> tuple[float, float]:
+    """(steady SPS over the marks in the second half of the steps after `warmup_steps` (random
+    actions, no updates), seconds the earlier marks took beyond that rate)."""
+    half = warmup_steps + (total_steps - warmup_steps) / 2
     base = max((m for m in marks if m[0] <= half), key=lambda m: m[0], default=marks[0])
     last = marks[-1]
     sps = (last[0] - base[0]) / max(last[1] - base[1], 1e-9)
@@ -130,7 +131,7 @@ def run_fnrl(w: Workload, steps: int, compile: bool, threads: int) -> dict:
     for r in result.history:   # a vmapped run logs one row per seed per interval
         walls[r["env_steps"]] = max(walls.get(r["env_steps"], 0.0), r["wall_s"])
     marks = [(0, 0.0)] + sorted(walls.items())
-    sps, warmup = _steady(marks, steps)
+    sps, warmup = _steady(marks, steps, w.config.get("learning_starts", 0))
     sps *= w.rows
     returns = [r["return_mean"] for r in result.history if r["return_mean"] == r["return_mean"]]
     return {"sps": sps, "warmup_s": warmup, "wall_s": wall, "return": returns[-1] if returns else None}
@@ -257,7 +258,7 @@ def run_sb3(w: Workload, steps: int) -> dict:
     model.learn(total_timesteps=steps, callback=clock)
     t1 = time.perf_counter()
     marks = [(s, t - t0) for s, t in clock.marks] + [(model.num_timesteps, t1 - t0)]
-    sps, _ = _steady(marks, steps)
+    sps, _ = _steady(marks, steps, w.config.get("learning_starts", 0))
     returns = [ep["r"] for ep in model.ep_info_buffer]
     import stable_baselines3
 
@@ -347,6 +348,9 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
         n = steps or (w.quick_steps if quick else w.steps)
         r = {"w": w, "steps": n}
         for kind in CONTENDERS:
+            if quick and kind == "eager" and steps is None:
+                r[kind] = {"error": "not run (--quick)"}
+                continue
             if kind not in contenders or kind not in w.contenders or (kind == "sb3" and w.sb3 is None):
                 r[kind] = {"error": "not run"}
                 continue
@@ -391,7 +395,8 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="fnrl bench", description="Run the benchmark suite and print one table.")
-    p.add_argument("--quick", action="store_true", help="shorter runs and no Atari (about 10 min on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="shorter runs, no eager column, no Atari (under 10 min on "
+                   "2 cores)")
     p.add_argument("--only", default=None, help=f"comma-separated workloads: {', '.join(BY_KEY)}")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every contender (default: 1)")
     p.add_argument("--out", default=str(OUTPUT), help=f"markdown report path (default: {OUTPUT})")
