@@ -260,10 +260,10 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase) -> ReplayBuffer:
 
     steps = W + T
     oldest = _oldest(spec, steps)
-    changed = torch.cat([
-        torch.arange(max(W - spec.n_step, oldest), steps, device=spec.device),   # newly complete + new rows
-        torch.arange(oldest, min(oldest + spec.frame_stack - 1, steps), device=spec.device),  # lost history
-    ]).unique()
+    changed = torch.arange(max(W - spec.n_step, oldest), steps, device=spec.device)   # newly complete + new rows
+    if spec.frame_dedup:
+        changed = torch.cat([changed, torch.arange(oldest, min(oldest + spec.frame_stack - 1, steps),
+                                                   device=spec.device)]).unique()        # lost history
     _refresh(buffer, changed, steps)
     return dataclasses.replace(buffer, steps_written=steps)
 
