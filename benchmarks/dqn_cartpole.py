@@ -144,7 +144,7 @@ def breakdown(config: dqn.Config, reps: int) -> list[tuple[str, float, str]]:
     obs = env.reset()["obs"]
     rows = []
     act_eager = median_us(lambda: agent.act(state, obs, None, True), reps)
-    compiled_act = torch.compile(agent.act, fullgraph=True)
+    compiled_act = torch.compile(agent.act, fullgraph=True, options={"fallback_random": True})  # as fnrl.train
     act_compiled = median_us(lambda: compiled_act(state, obs, None, True), reps)
     action = agent.act(state, obs, None, True)[0]
     step = median_us(lambda: env.step(action), reps)
@@ -158,6 +158,8 @@ def breakdown(config: dqn.Config, reps: int) -> list[tuple[str, float, str]]:
         buffer = replay.add(buffer, rollout)
     add = median_us(lambda: replay.add(buffer, rollout), reps)
     sample = median_us(lambda: replay.sample(buffer, config.batch_size), reps)
+    replay.sample(buffer, config.batch_size, compiled=True)
+    sample_compiled = median_us(lambda: replay.sample(buffer, config.batch_size, compiled=True), reps)
     batch = replay.sample(buffer, config.batch_size)
     update_eager = median_us(lambda: agent.update(state, batch), max(10, reps // 4))
     compiled_update = torch.compile(agent.update, fullgraph=True)
@@ -173,16 +175,17 @@ def breakdown(config: dqn.Config, reps: int) -> list[tuple[str, float, str]]:
         ("sampler's own writes (collect / T - act - step)", sampler_own, "per env step"),
         (f"replay.add of a [{T}, 1] rollout", add, f"per {T} env steps"),
         (f"replay.sample({config.batch_size})", sample, "per update"),
+        (f"replay.sample({config.batch_size}, compiled=True)", sample_compiled, "per update"),
         ("update, eager", update_eager, "per update"),
         ("update, compiled", update_compiled, "per update"),
     ]
     per_update_steps = round(1 / config.replay_ratio)
     eager_cycle = per_update_steps * (act_eager + step + sampler_own) + add + sample + update_eager
-    compiled_cycle = per_update_steps * (act_eager + step + sampler_own) + add + sample + update_compiled
+    compiled_cycle = per_update_steps * (act_compiled + step + sampler_own) + add + sample_compiled + update_compiled
     rows += [
         (f"=> {per_update_steps} env steps + 1 update, eager (SPS {per_update_steps / eager_cycle * 1e6:,.0f})",
          eager_cycle, "per cycle"),
-        (f"=> {per_update_steps} env steps + 1 update, compiled update (SPS "
+        (f"=> {per_update_steps} env steps + 1 update, compiled act, sample, update (SPS "
          f"{per_update_steps / compiled_cycle * 1e6:,.0f})", compiled_cycle, "per cycle"),
     ]
     return rows

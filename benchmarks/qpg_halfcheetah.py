@@ -73,10 +73,10 @@ def fnrl_updates_per_second(algo: str, compiled: bool, n: int) -> float:
     env.close()
     update = torch.compile(agent.update, fullgraph=True) if compiled else agent.update
     for _ in range(3):  # compile / warm up
-        state, _ = update(state, replay.sample(buffer, cfg.batch_size))
+        state, _ = update(state, replay.sample(buffer, cfg.batch_size, compiled=compiled))
     start = time.perf_counter()
     for _ in range(n):
-        state, metrics = update(state, replay.sample(buffer, cfg.batch_size))
+        state, metrics = update(state, replay.sample(buffer, cfg.batch_size, compiled=compiled))
     float(metrics["loss/critic"])
     return n / (time.perf_counter() - start)
 
@@ -97,6 +97,12 @@ def fnrl_env_steps_per_second(algo: str, steps: int) -> float:
 
 
 def sb3_worker(algo: str, steps: int, updates: int) -> dict:
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("imageio") is None:
+        # gymnasium's MuJoCo package imports imageio for rendering only; it is not installed here
+        sys.modules["imageio"] = types.ModuleType("imageio")
     import numpy as np
     import torch
     from stable_baselines3 import SAC, TD3

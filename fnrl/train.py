@@ -333,6 +333,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                     from fnrl.replay import sequence as replay
 
                     data, priority = module.sequence_input(config, rollout)
+                    sample_options = {}
                     if replay_state is None:
                         replay_state = _init_sequence_replay(config, data, env.spec, device)
                     replay_state = replay.add(replay_state, data, priority)
@@ -342,12 +343,13 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                     if replay_state is None:
                         replay_state = _init_replay(config, rollout, env.spec, device)
                     replay_state = replay.add(replay_state, rollout)
+                    sample_options = {"compiled": compile}   # one compiled graph per sample
                 if counters["env_steps"] >= config.learning_starts:
                     update_credit += steps_per_collect * config.replay_ratio
                     progress = counters["env_steps"] / config.total_steps
                     beta = config.priority_beta + (1.0 - config.priority_beta) * progress
                     while update_credit >= 1.0 and replay.can_sample(replay_state, config.batch_size):
-                        batch = replay.sample(replay_state, config.batch_size, beta=beta)
+                        batch = replay.sample(replay_state, config.batch_size, beta=beta, **sample_options)
                         state, metrics = agent.update(state, batch)
                         if config.prioritized:
                             index = batch["index"][0] if batch["index"].ndim == 2 else batch["index"]

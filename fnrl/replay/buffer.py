@@ -260,10 +260,10 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase) -> ReplayBuffer:
 
     steps = W + T
     oldest = _oldest(spec, steps)
-    changed = torch.cat([
-        torch.arange(max(W - spec.n_step, oldest), steps, device=spec.device),   # newly complete + new rows
-        torch.arange(oldest, min(oldest + spec.frame_stack - 1, steps), device=spec.device),  # lost history
-    ]).unique()
+    changed = torch.arange(max(W - spec.n_step, oldest), steps, device=spec.device)   # newly complete + new rows
+    if spec.frame_dedup:
+        changed = torch.cat([changed, torch.arange(oldest, min(oldest + spec.frame_stack - 1, steps),
+                                                   device=spec.device)]).unique()        # lost history
     _refresh(buffer, changed, steps)
     return dataclasses.replace(buffer, steps_written=steps)
 
@@ -294,7 +294,7 @@ def _stacked_frames(buffer: ReplayBuffer, row: torch.Tensor, env: torch.Tensor) 
 
 
 def sample(buffer: ReplayBuffer, batch_size: int, beta: float | torch.Tensor = 0.4, *,
-           generator: torch.Generator | None = None) -> TensorDict:
+           generator: torch.Generator | None = None, compiled: bool = False) -> TensorDict:
     """Draw `batch_size` sampleable rows (with replacement) and build their n-step targets.
 
     Uniform buffers draw rows independently and uniformly; prioritized ones draw one row
@@ -308,6 +308,12 @@ def sample(buffer: ReplayBuffer, batch_size: int, beta: float | torch.Tensor = 0
     Returns a TensorDict [N]: obs, action, reward (n-step return), discount, next_obs,
     weight (ones for uniform), index (int64, for `update_priorities`), and every other
     stored key of row t.
+
+    compiled: draw and gather with one `torch.compile`d graph (Inductor's fallback_random,
+    so it draws the same random numbers as eager and returns the same batch) instead of
+    ~40 eager tensor ops: several times faster for small batches on the CPU. It compiles
+    once per buffer shape and batch size; without `generator`. Frame-deduplicated stacks
+    are still rebuilt eagerly.
     """
     spec = buffer.spec
     if batch_size > spec.capacity:
@@ -316,34 +322,59 @@ def sample(buffer: ReplayBuffer, batch_size: int, beta: float | torch.Tensor = 0
     if available < batch_size:
         raise ValueError(f"only {available} sampleable rows for batch_size={batch_size}; add more rollouts "
                          f"first (check with can_sample)")
+    beta = torch.as_tensor(beta, dtype=buffer.tree.dtype, device=buffer.tree.device)
+    draw = _compiled_draw() if compiled and generator is None else _draw
+    batch, offset = draw(spec, buffer.tree, buffer.storage, batch_size, beta, generator)
+    if spec.frame_dedup:
+        index = batch["index"]
+        position, env = torch.div(index, spec.num_envs, rounding_mode="floor"), index % spec.num_envs
+        row = _absolute_row(spec, position, buffer.steps_written)
+        batch.set("obs", _stacked_frames(buffer, row, env))
+        batch.set("next_obs", _stacked_frames(buffer, row + offset, env))
+    return batch
+
+
+def _draw(spec: ReplaySpec, tree: torch.Tensor, storage: TensorDictBase, batch_size: int, beta: torch.Tensor,
+          generator: torch.Generator | None = None) -> tuple[TensorDict, torch.Tensor]:
+    """The tensor part of `sample`: draw leaves, gather rows and n-step targets.
+
+    Returns the batch [N] (without obs / next_obs when frame-deduplicated) and the
+    bootstrap offsets m [N]. Pure tensor code with static shapes, so it compiles."""
     C, B, n = spec.rows_per_env, spec.num_envs, spec.n_step
-    index = sum_tree_sample(buffer.tree, batch_size, stratified=spec.prioritized, generator=generator)
+    index = sum_tree_sample(tree, batch_size, stratified=spec.prioritized, generator=generator)
     position, env = torch.div(index, B, rounding_mode="floor"), index % B
 
     window = (position + torch.arange(n, device=index.device).unsqueeze(1)) % C      # [n, N]
-    reward = buffer.storage["reward"][window, env]
-    discount = spec.gamma * (~buffer.storage["terminated"][window, env]).to(reward.dtype)
-    returns, bootstrap_discount, offset = n_step_returns(reward, discount, buffer.storage["done"][window, env], n)
+    reward = storage["reward"][window, env]
+    discount = spec.gamma * (~storage["terminated"][window, env]).to(reward.dtype)
+    returns, bootstrap_discount, offset = n_step_returns(reward, discount, storage["done"][window, env], n)
 
-    batch = buffer.storage.exclude("obs")[position, env]
-    if spec.frame_dedup:
-        row = _absolute_row(spec, position, buffer.steps_written)
-        batch.set("obs", _stacked_frames(buffer, row, env))
-        batch.set("next_obs", _stacked_frames(buffer, row + offset[0], env))
-    else:
-        obs = buffer.storage.get("obs")
+    batch = storage.exclude("obs")[position, env]
+    if not spec.frame_dedup:
+        obs = storage.get("obs")
         batch.set("obs", obs[position, env])
         batch.set("next_obs", obs[(position + offset[0]) % C, env])
     batch.set("reward", returns[0])
     batch.set("discount", bootstrap_discount[0])
     if spec.prioritized:
-        priority = sum_tree_get(buffer.tree, index)
-        weight = (priority.min() / priority) ** torch.as_tensor(beta, dtype=priority.dtype, device=index.device)
+        priority = sum_tree_get(tree, index)
+        weight = (priority.min() / priority) ** beta
     else:
         weight = torch.ones(batch_size, device=index.device)
     batch.set("weight", weight.to(reward.dtype))
     batch.set("index", index)
-    return batch
+    return batch, offset[0]
+
+
+_COMPILED_DRAW = None
+
+
+def _compiled_draw():
+    """`_draw` under torch.compile (made on first use, shared by all buffers)."""
+    global _COMPILED_DRAW
+    if _COMPILED_DRAW is None:
+        _COMPILED_DRAW = torch.compile(_draw, fullgraph=True, dynamic=False, options={"fallback_random": True})
+    return _COMPILED_DRAW
 
 
 def update_priorities(buffer: ReplayBuffer, index: torch.Tensor, priority: torch.Tensor) -> ReplayBuffer:
