@@ -1,4 +1,5 @@
 """fnrl launch: grid expansion, slot affinity, a queue of real runs, relaunch, Ctrl-C."""
+import importlib.util
 import json
 import os
 import signal
@@ -34,11 +35,12 @@ def test_expand_names_axes_and_validates(tmp_path):
     assert runs[0].folder == tmp_path / "ppo-CartPole-v1-learning_rate0.001-s0"
     assert runs[0].argv[:7] == ["train", "ppo", "--seed", "0", "--log-dir", str(runs[0].folder), "--quiet"]
     assert "--hidden 32 32" in " ".join(runs[0].argv) and runs[0].argv[-1] == "--no-compile"
-    # the same grid from YAML (tuples as lists of lists)
+    # the same grid from YAML (tuples as lists of lists), where PyYAML is installed
     (tmp_path / "g.yaml").write_text(
         f"algo: [ppo, a2c]\nenv_id: CartPole-v1\nseed: [0, 1]\nargs: [--no-compile]\nroot: {tmp_path}\n"
         "overrides: {total_steps: 1000, learning_rate: [0.001, 0.0003], hidden: [[32, 32]]}\n")
-    assert [r.argv for r in expand(load_grid(tmp_path / "g.yaml"))] == [r.argv for r in runs]
+    if importlib.util.find_spec("yaml") is not None:
+        assert [r.argv for r in expand(load_grid(tmp_path / "g.yaml"))] == [r.argv for r in runs]
     for bad, message in [(dict(grid, overrides={"lr": 1}), "no Config field"), (dict(grid, algo="nope"),
                          "unknown algorithm"), (dict(grid, color=1), "unknown grid key"),
                          (dict(grid, overrides={"num_minibatches": 3}), "divide")]:
