@@ -118,6 +118,21 @@ def _finite_metrics(metrics) -> dict:
     return {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.ndim == 0}
 
 
+def _raise_if_loss_not_finite(bad: dict, env_steps: int, last_checkpoint) -> None:
+    """TrainingError naming the first non-finite loss (`bad`: name -> value), if any."""
+    if bad:
+        raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step {env_steps}; "
+                            f"the last good checkpoint is {last_checkpoint}")
+
+
+def _check_finite(metrics, env_steps: int, last_checkpoint) -> dict:
+    """The 0-d metrics as floats; TrainingError if a loss among them is NaN or infinite."""
+    scalars = _finite_metrics(metrics)
+    _raise_if_loss_not_finite({k: v for k, v in scalars.items() if k.startswith("loss") and not math.isfinite(v)},
+                              env_steps, last_checkpoint)
+    return scalars
+
+
 def train(name: str, config=None, *, nproc: int | None = None, **kwargs) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
 
@@ -289,10 +304,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         if rows:  # metrics [R]: one value per row
             bad.update({k: float(v[~torch.isfinite(v)][0]) for k, v in metrics.items()
                         if k.startswith("loss") and v.ndim == 1 and not torch.isfinite(v).all()})
-        if bad:
-            raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step "
-                                f"{counters['env_steps'] * world.size}; the last good checkpoint is "
-                                f"{run_dir / CHECKPOINT if world.main else 'on rank 0'}")
+        _raise_if_loss_not_finite(bad, counters["env_steps"] * world.size,
+                                  run_dir / CHECKPOINT if world.main else "on rank 0")
         return scalars
 
     bar = None

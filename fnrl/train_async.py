@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 
 import numpy as np
@@ -29,7 +28,7 @@ from fnrl.errors import ConfigError
 from fnrl.replay.shared import SharedReplay
 from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, TimedLock, start_method
 from fnrl.samplers.serial import SerialSampler
-from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _finite_metrics,
+from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _check_finite,
                         _init_replay, _make_agent, _prepare_log_dir, save_checkpoint)
 
 ACT_KEYS = ("params", "obs_rms")
@@ -118,12 +117,7 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
         })
 
     def check_finite() -> dict:
-        scalars = _finite_metrics(metrics)
-        bad = {k: v for k, v in scalars.items() if k.startswith("loss") and not math.isfinite(v)}
-        if bad:
-            raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step "
-                                f"{counters['env_steps']}; the last good checkpoint is {run_dir / CHECKPOINT}")
-        return scalars
+        return _check_finite(metrics, counters["env_steps"], run_dir / CHECKPOINT)
 
     from fnrl.logger import Logger
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 
 import numpy as np
 import torch
 
 from fnrl import envs
-from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _finite_metrics,
+from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _check_finite,
                         _prepare_log_dir, load_checkpoint, save_checkpoint)
 
 
@@ -115,7 +114,7 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
             if counters["env_steps"] >= next_log or counters["env_steps"] >= config.total_steps:
                 next_log += log_interval
                 now = time.perf_counter()
-                scalars = _check_finite(metrics, counters, run_dir)
+                scalars = _check_finite(metrics, counters["env_steps"], run_dir / CHECKPOINT)
                 if ep_returns:
                     last_return = float(np.mean(ep_returns))
                 counters["episodes"] += len(ep_returns)
@@ -138,7 +137,7 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
                     bar.set_postfix(sps=f"{row['sps']:.0f}", ret=f"{last_return:.1f}", lag=f"{row['policy_lag_mean']:.1f}")
             if solved or counters["env_steps"] >= next_ckpt or counters["env_steps"] >= config.total_steps:
                 next_ckpt += checkpoint_every
-                _check_finite(metrics, counters, run_dir)
+                _check_finite(metrics, counters["env_steps"], run_dir / CHECKPOINT)
                 checkpoint()
             if solved:
                 break
@@ -151,12 +150,4 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
         logger.plot(title=f"{name} {config.env_id} seed {seed}")
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
 
-
-def _check_finite(metrics, counters, run_dir) -> dict:
-    scalars = _finite_metrics(metrics)
-    bad = {k: v for k, v in scalars.items() if k.startswith("loss") and not math.isfinite(v)}
-    if bad:
-        raise TrainingError(f"{', '.join(bad)} became {list(bad.values())[0]} by env step "
-                            f"{counters['env_steps']}; the last good checkpoint is {run_dir / CHECKPOINT}")
-    return scalars
 
