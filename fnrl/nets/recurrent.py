@@ -54,6 +54,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from fnrl.nets.core import tanh
+
 
 def reset_carry(carry: TensorDict, reset: torch.Tensor) -> TensorDict:
     """`carry` with the entries of the batch elements where `reset` is True set to zero.
@@ -128,8 +130,8 @@ class LSTMCore(_Core):
         h, c = state
         gates = xp + h @ self.weight_hh.T + self.bias_hh
         i, f, g, o = gates.chunk(4, -1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * tanh(g)
+        h = torch.sigmoid(o) * tanh(c)
         return h, (h, c)
 
 
@@ -151,7 +153,7 @@ class GRUCore(_Core):
         hr, hz, hn = hp.chunk(3, -1)
         r = torch.sigmoid(xr + hr)
         z = torch.sigmoid(xz + hz)
-        n = torch.tanh(xn + r * hn)
+        n = tanh(xn + r * hn)
         h = (1 - z) * n + z * h
         return h, (h,)
 
