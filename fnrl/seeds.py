@@ -132,7 +132,7 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
     else:
         update_rows = torch.func.vmap(row_agents[0].update, randomness="different")
         if compile:
-            update_rows = torch.compile(update_rows, fullgraph=True)
+            update_rows = torch.compile(update_rows, fullgraph=True, dynamic=False)
     single_act = row_agents[0].act
 
     def init(seed: int | None = None):
@@ -147,7 +147,7 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}
 
     if compile:
-        act_rows = torch.compile(act_rows, fullgraph=True)
+        act_rows = torch.compile(act_rows, fullgraph=True, dynamic=False)
 
     def act(state, obs, carry=None, explore: bool = True):
         action, extras = act_rows(state, obs, explore)

@@ -107,10 +107,10 @@ def _make_agent(module, config, spec, compile: bool):
     else:
         agent = module.make(config, spec)
         if compile:
-            agent = agent._replace(update=torch.compile(agent.update, fullgraph=True))
+            agent = agent._replace(update=torch.compile(agent.update, fullgraph=True, dynamic=False))
     if compile:
         options = {"fallback_random": True} if module.KIND == "off_policy" else None
-        agent = agent._replace(act=torch.compile(agent.act, fullgraph=True, options=options))
+        agent = agent._replace(act=torch.compile(agent.act, fullgraph=True, dynamic=False, options=options))
     return agent
 
 

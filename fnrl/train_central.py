@@ -40,7 +40,7 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
     # the inference thread gets its own network modules: functional_call swaps a module's
     # parameters while it runs, so one module must not serve two threads at once
     inference_act = module.make(config, spec).act
-    update = torch.compile(agent.update, fullgraph=True) if compile else agent.update
+    update = torch.compile(agent.update, fullgraph=True, dynamic=False) if compile else agent.update
     run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
     (run_dir / "config.json").write_text(json.dumps(
         {"algo": name, "seed": seed, "config": dataclasses.asdict(config)}, indent=2, default=str))

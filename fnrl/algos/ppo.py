@@ -297,7 +297,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         prepare, minibatch_step, kl_adapt = (torch.func.vmap(f, randomness="different")
                                              for f in (prepare, minibatch_step, kl_adapt))
     if compile:
-        prepare, minibatch_step, kl_adapt = (torch.compile(f, fullgraph=True)
+        prepare, minibatch_step, kl_adapt = (torch.compile(f, fullgraph=True, dynamic=False)
                                              for f in (prepare, minibatch_step, kl_adapt))
 
     def update(state: TensorDict, rollout: TensorDict):
