@@ -6,7 +6,7 @@ import dataclasses
 from typing import Callable, NamedTuple
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from fnrl import distributions as D
 from fnrl.envs.spec import EnvSpec
@@ -70,6 +70,62 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
         grads = _gradient_reducer(grads)
     updates, opt_state = opt.update(grads, opt_state, params)
     return apply_updates(params, updates), opt_state, dict(metrics, loss=loss.detach())
+
+
+def scan_steps(step: Callable, carry: tuple[TensorDict, ...], xs: torch.Tensor):
+    """`carry, out_i = step(carry, xs[i])` for i = 0, 1, ...: (final carry, outs stacked [len(xs)]).
+
+    `carry` is a tuple of TensorDicts (parameters, optimizer state), `out_i` a dict of
+    tensors (metrics). Inside torch.compile this is one `scan` (torch's prototype
+    higher-order op): `step` is traced and compiled once, and all the steps run inside one
+    compiled call, with neither Python nor guard checks between them. The TensorDicts cross
+    the scan as tuples of tensor leaves. Outside compile it is a Python loop.
+    """
+    if not torch.compiler.is_compiling():
+        outs = []
+        for x in xs.unbind(0):
+            carry, out = step(carry, x)
+            outs.append(out)
+        return carry, {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
+    from torch._higher_order_ops.scan import scan
+
+    def as_tuple(k):
+        return (k,) if isinstance(k, str) else k
+
+    # every key, nested TensorDicts too (even empty ones: a stateless optimizer stage), in
+    # the order the TensorDicts hold them, so the rebuilt ones match them exactly
+    entries = [[(as_tuple(k), isinstance(v, TensorDictBase)) for k, v in td.items(include_nested=True)]
+               for td in carry]
+    batch_sizes = [td.batch_size for td in carry]
+
+    def unflatten(leaves):
+        out, i = [], 0
+        for keys, batch_size in zip(entries, batch_sizes):
+            tree = {}
+            for k, is_node in keys:
+                node = tree
+                for part in k[:-1]:
+                    node = node[part]
+                if is_node:
+                    node[k[-1]] = {}
+                else:
+                    node[k[-1]] = leaves[i]
+                    i += 1
+            out.append(TensorDict(tree, batch_size=batch_size))
+        return tuple(out)
+
+    def body(leaves, x):
+        new_carry, out = step(unflatten(leaves), x)
+        # clone: a leaf the step passes through unchanged (a stored rate) must not alias its input
+        return flatten(new_carry, clone=True), dict(out)
+
+    def flatten(tds, clone=False):
+        return tuple(td.get(k).clone() if clone else td.get(k)
+                     for keys, td in zip(entries, tds) for k, is_node in keys if not is_node)
+
+    leaves = flatten(carry)
+    leaves, outs = scan(body, leaves, xs)
+    return unflatten(leaves), outs
 
 
 _gradient_reducer: Callable | None = None

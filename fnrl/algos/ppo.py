@@ -28,7 +28,7 @@ from tensordict import TensorDict
 
 from fnrl import losses, optim
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
-                               masked_mean)
+                               masked_mean, scan_steps)
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.normalize import rms_init, rms_normalize, rms_update
@@ -286,6 +286,16 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         mb = flat[:, index] if recurrent else flat[index]
         return gradient_step(loss, params, opt, opt_state, mb, clip, kl_coef, hp)
 
+    def train_epochs(params, opt_state, flat, perms, clip, kl_coef, hp):
+        """Every minibatch step of an iteration, in order over the minibatch indices
+        perms [E * M, mb]: (params, opt_state, metrics [E * M])."""
+        def body(carry, index):
+            params, opt_state, metrics = minibatch_step(*carry, flat, index, clip, kl_coef, hp)
+            return (params, opt_state), metrics
+
+        (params, opt_state), history = scan_steps(body, (params, opt_state), perms)
+        return params, opt_state, history
+
     def kl_adapt(params, flat, kl_coef):
         """BatchPPO's penalty coefficient update from the KL between old and new policy."""
         new_dist, _ = forward(params, flat)
@@ -294,11 +304,11 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         return losses.adaptive_kl_coef(kl_coef, kl, config.kl_target)
 
     if batched:
-        prepare, minibatch_step, kl_adapt = (torch.func.vmap(f, randomness="different")
-                                             for f in (prepare, minibatch_step, kl_adapt))
+        prepare, train_epochs, kl_adapt = (torch.func.vmap(f, randomness="different")
+                                           for f in (prepare, train_epochs, kl_adapt))
     if compile:
-        prepare, minibatch_step, kl_adapt = (torch.compile(f, fullgraph=True, dynamic=False)
-                                             for f in (prepare, minibatch_step, kl_adapt))
+        prepare, train_epochs, kl_adapt = (torch.compile(f, fullgraph=True, dynamic=False)
+                                           for f in (prepare, train_epochs, kl_adapt))
 
     def update(state: TensorDict, rollout: TensorDict):
         """All epochs x minibatches of one iteration: the compiled pieces, sequenced."""
@@ -310,11 +320,8 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         perms = torch.stack([_permutations(s, t, config.update_epochs, B if recurrent else n)
                              for s, t in zip(seeds, steps)]).to(flat.device)
         perms = perms.view(*rows, -1, mb_size)
-        history = []
-        for index in perms.unbind(len(rows)):
-            params, opt_state, m = minibatch_step(params, opt_state, flat, index, clip, kl_coef, hp)
-            history.append(m)
-        metrics = {k: torch.stack([m[k] for m in history]).mean(0) for k in history[0]}
+        params, opt_state, history = train_epochs(params, opt_state, flat, perms, clip, kl_coef, hp)
+        metrics = {k: v.mean(-1) for k, v in history.items()}
         if config.penalty == "kl":
             new_state["kl_coef"] = metrics["kl_coef"] = kl_adapt(params, flat, kl_coef)
         metrics.update(explained_variance=explained_var, clip_coef=clip)
