@@ -84,7 +84,7 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
     """
     if not isinstance(num_seeds, int) or num_seeds < 1:
         raise ConfigError(f"--num-seeds must be a positive integer, got {num_seeds!r}")
-    name = module.__name__.rsplit(".", 1)[-1]
+    name = getattr(config, "algo", None) or module.__name__.rsplit(".", 1)[-1]   # qpg: ddpg / td3 / sac
     if not supports(module):
         raise ConfigError(f"--num-seeds / --sweep are not supported for {name} yet; "
                           f"use ppo, a2c, the dqn family, ddpg, td3 or sac, or separate runs (one per --seed)")

@@ -31,7 +31,7 @@ from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_FORMAT = "fnrl-checkpoint-v2"  # v2: PPO/A2C states hold seed, hp and a stored learning rate
+CHECKPOINT_FORMAT = "fnrl-checkpoint-v3"  # v2: PPO/A2C states hold seed, hp and a stored learning rate; v3: DQN/QPG stored rates
 
 
 class TrainingError(RuntimeError):
