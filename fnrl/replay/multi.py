@@ -18,7 +18,6 @@ each row's batch with `fnrl.replay.sample` (one compiled graph shared by all row
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,7 +26,7 @@ from tensordict import TensorDictBase
 
 from fnrl.replay import buffer as replay
 
-__all__ = ["MultiBuffer", "init", "add", "sample", "update_priorities", "can_sample", "row_columns"]
+__all__ = ["MultiBuffer", "init", "add", "sample", "update_priorities", "can_sample", "size", "row_columns"]
 
 
 @dataclass(frozen=True)
@@ -103,10 +102,3 @@ def update_priorities(buffers: MultiBuffer, index: torch.Tensor, priority: torch
 def size(buffers: MultiBuffer) -> int:
     """Rows stored in all buffers together."""
     return sum(replay.size(buf) for buf in buffers.buffers)
-
-
-def replace_buffer(buffers: MultiBuffer, r: int, buffer) -> MultiBuffer:
-    """`buffers` with buffer r replaced (tests, tools)."""
-    items = list(buffers.buffers)
-    items[r] = buffer
-    return dataclasses.replace(buffers, buffers=tuple(items))
