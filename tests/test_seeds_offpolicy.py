@@ -243,6 +243,7 @@ def test_train_num_seeds_logs_a_row_per_seed_and_resumes(name, tmp_path):
     resumed = train(name, None, resume=run, compile=False, quiet=True, tensorboard=False, log_interval=48)
     assert resumed.state["env_steps"].tolist() == [120] * 4   # (the replay restarts empty, as in single runs)
     assert len(set(resumed.state["updates"].tolist())) == 1 and len(resumed.history) == 12
+    assert main(["eval", str(run), "--episodes", "1", "--row", "3"]) == 0   # one row, greedy
 
 
 def test_bad_combinations_are_one_line_errors(tmp_path, capsys):
