@@ -21,6 +21,14 @@ not: actions sampled while acting come from the global torch RNG (one draw for a
 so after the first sampled action a row's trajectory is a different sample than its single
 run's, with the same distribution.
 
+Off-policy algorithms (the DQN family, ddpg / td3 / sac) keep one replay buffer per row
+(`fnrl.replay.multi`): row r's buffer holds exactly env columns r*B .. (r+1)*B - 1 of every
+rollout, computes n-step returns with the row's own gamma, and keeps its own priorities.
+Each update round samples one batch per row ([R, N]) and runs the update vmapped over R;
+epsilon / warm-up schedules read each row's own state["env_steps"]. The training loop's
+update credit and learning_starts are shared (rows step in lockstep); a round runs once
+every row can sample a batch.
+
     rows = make_rows(ppo, ppo.Config(), seed=0, num_seeds=4, sweep={"learning_rate": [1e-3, 3e-4]})
     agent = make_agent(ppo, rows, env_spec, num_envs=8, compile=True)
     state = agent.init(0)                 # [8, ...]: the 8 rows' states stacked
