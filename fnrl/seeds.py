@@ -21,6 +21,14 @@ not: actions sampled while acting come from the global torch RNG (one draw for a
 so after the first sampled action a row's trajectory is a different sample than its single
 run's, with the same distribution.
 
+Off-policy algorithms (the DQN family, ddpg / td3 / sac) keep one replay buffer per row
+(`fnrl.replay.multi`): row r's buffer holds exactly env columns r*B .. (r+1)*B - 1 of every
+rollout, computes n-step returns with the row's own gamma, and keeps its own priorities.
+Each update round samples one batch per row ([R, N]) and runs the update vmapped over R;
+epsilon / warm-up schedules read each row's own state["env_steps"]. The training loop's
+update credit and learning_starts are shared (rows step in lockstep); a round runs once
+every row can sample a batch.
+
     rows = make_rows(ppo, ppo.Config(), seed=0, num_seeds=4, sweep={"learning_rate": [1e-3, 3e-4]})
     agent = make_agent(ppo, rows, env_spec, num_envs=8, compile=True)
     state = agent.init(0)                 # [8, ...]: the 8 rows' states stacked
@@ -66,8 +74,13 @@ def parse_sweep(text: str) -> dict:
 
 
 def supports(module) -> bool:
-    """True for algorithms whose update vmaps over rows: on-policy, feed-forward (ppo, a2c)."""
-    return getattr(module, "KIND", None) == "on_policy" and hasattr(module, "SWEEPABLE")
+    """True for algorithms whose update vmaps over rows: on-policy feed-forward (ppo, a2c) and
+    off-policy with row replay (the DQN family, ddpg / td3 / sac); not sequence replay (r2d1)
+    or a central runtime (impala)."""
+    kind = getattr(module, "KIND", None)
+    if getattr(module, "RUNTIME", "serial") != "serial" or getattr(module, "REPLAY", None) == "sequence":
+        return False
+    return (kind == "on_policy" and hasattr(module, "SWEEPABLE")) or kind == "off_policy"
 
 
 def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None = None) -> list[Row]:
@@ -79,10 +92,10 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
     """
     if not isinstance(num_seeds, int) or num_seeds < 1:
         raise ConfigError(f"--num-seeds must be a positive integer, got {num_seeds!r}")
-    name = module.__name__.rsplit(".", 1)[-1]
+    name = getattr(config, "algo", None) or module.__name__.rsplit(".", 1)[-1]   # qpg: ddpg / td3 / sac
     if not supports(module):
         raise ConfigError(f"--num-seeds / --sweep are not supported for {name} yet; "
-                          f"use ppo or a2c, or separate runs (one per --seed)")
+                          f"use ppo, a2c, the dqn family, ddpg, td3 or sac, or separate runs (one per --seed)")
     if getattr(config, "core", "none") != "none":
         raise ConfigError(f"--num-seeds / --sweep need a feed-forward policy; --core {config.core} is not "
                           f"supported yet (use separate runs)")
@@ -92,7 +105,7 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
     configs = [(config, {})]
     for field, values in sweep.items():
         field = ALIASES.get(field, field)
-        if field not in module.SWEEPABLE:
+        if field not in getattr(module, "SWEEPABLE", ()):
             raise ConfigError(f"--sweep {field}: not a sweepable field of {name}; "
                               f"choose one of {', '.join(module.SWEEPABLE)}")
         values = list(values)
@@ -121,7 +134,11 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         outputs flattened back, so a sampler sees one batch of R * B envs.
     update(state [R], rollout [T, R * B]) -> (state [R], metrics [R]): the rollout is
         viewed as [R, T, B] and the update vmapped over R (`randomness="different"`).
-    With `compile=True` act and update are compiled once (`fullgraph=True`).
+        Off-policy algorithms: update(state [R], batch [R, N]) -> (state [R], metrics [R]),
+        one replay sample per row (`fnrl.replay.multi.sample`), the update vmapped over R;
+        metrics["priority"] is then [R, N].
+    With `compile=True` act and update are compiled once (`fullgraph=True`; off-policy acting
+    with Inductor's fallback_random, as in a single run).
     """
     R, B = len(rows), num_envs
     makes_batched = "batched" in inspect.signature(module.make).parameters
@@ -146,14 +163,18 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         action, extras = torch.func.vmap(one, randomness="different")(state, obs.reshape(R, B, *obs.shape[1:]))
         return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}
 
+    off_policy = module.KIND == "off_policy"
     if compile:
-        act_rows = torch.compile(act_rows, fullgraph=True, dynamic=False)
+        act_rows = torch.compile(act_rows, fullgraph=True, dynamic=False,
+                                 options={"fallback_random": True} if off_policy else None)
 
     def act(state, obs, carry=None, explore: bool = True):
         action, extras = act_rows(state, obs, explore)
         return action, extras, None
 
     def update(state, rollout):
+        if off_policy:  # a replay sample per row: [R, N]
+            return update_rows(state, rollout)
         T = rollout.batch_size[0]
         return update_rows(state, rollout.reshape(T, R, B).transpose(0, 1))
 

@@ -31,7 +31,7 @@ from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.errors import ConfigError
 
 CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_FORMAT = "fnrl-checkpoint-v2"  # v2: PPO/A2C states hold seed, hp and a stored learning rate
+CHECKPOINT_FORMAT = "fnrl-checkpoint-v3"  # v2: PPO/A2C states hold seed, hp and a stored learning rate; v3: DQN/QPG stored rates
 
 
 class TrainingError(RuntimeError):
@@ -353,8 +353,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                 else:
                     from fnrl import replay
 
+                    if rows:  # one buffer per row, sampled as [R, N] (fnrl.replay.multi)
+                        from fnrl.replay import multi as replay
                     if replay_state is None:
-                        replay_state = _init_replay(config, rollout, env.spec, device)
+                        replay_state = _init_replay(config, rollout, env.spec, device, rows)
                     replay_state = replay.add(replay_state, rollout)
                     sample_options = {"compiled": compile}   # one compiled graph per sample
                 if counters["env_steps"] >= config.learning_starts:
@@ -365,7 +367,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                         batch = replay.sample(replay_state, config.batch_size, beta=beta, **sample_options)
                         state, metrics = agent.update(state, batch)
                         if config.prioritized:
-                            index = batch["index"][0] if batch["index"].ndim == 2 else batch["index"]
+                            index = batch["index"][0] if batch["index"].ndim == 2 and not rows else batch["index"]
                             replay_state = replay.update_priorities(replay_state, index, metrics["priority"])
                         update_credit -= 1.0
                         counters["updates"] += 1
@@ -442,12 +444,18 @@ def _log_rows(logger, row, rows, row_returns, last_returns, reached, metrics, st
         reached[r] = reached[r] or (stop_return is not None and out["return_mean"] >= stop_return)
 
 
-def _init_replay(config, rollout, spec, device):
+def _init_replay(config, rollout, spec, device, rows=None):
+    """The replay buffer; for the rows of a vmapped run, one buffer per row with the row's gamma."""
     from fnrl import replay
 
-    return replay.init(rollout, config.buffer_size, n_step=config.n_step, gamma=config.gamma,
-                       prioritized=config.prioritized, alpha=config.priority_alpha,
-                       frame_dedup=spec.is_atari, device=device)
+    options = dict(n_step=config.n_step, prioritized=config.prioritized, alpha=config.priority_alpha,
+                   frame_dedup=spec.is_atari, device=device)
+    if rows:
+        from fnrl.replay import multi
+
+        return multi.init(rollout, config.buffer_size, num_rows=len(rows), gamma=[row.config.gamma for row in rows],
+                          **options)
+    return replay.init(rollout, config.buffer_size, gamma=config.gamma, **options)
 
 
 def _init_sequence_replay(config, rollout, spec, device):

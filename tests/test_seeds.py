@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fnrl import envs, seeds
-from fnrl.algos import a2c, dqn, ppo
+from fnrl.algos import a2c, ppo, r2d1
 from fnrl.cli import main
 from fnrl.errors import ConfigError
 from fnrl.samplers import SerialSampler
@@ -55,7 +55,7 @@ def test_make_rows_orders_values_then_seeds_and_validates():
         (ppo, dict(sweep={"num_envs": [4, 8]}), "not a sweepable field"),
         (ppo, dict(sweep={"learning_rate": [-1.0]}), "positive"),
         (ppo, dict(num_seeds=2, config=dataclasses.replace(SMALL, core="lstm")), "feed-forward"),
-        (dqn, dict(num_seeds=2, config=dqn.Config()), "not supported"),
+        (r2d1, dict(num_seeds=2, config=r2d1.Config()), "not supported"),
     ]:
         with pytest.raises(ConfigError, match=match):
             seeds.make_rows(bad, kwargs.pop("config", SMALL), 0, **{"num_seeds": 1, **kwargs})

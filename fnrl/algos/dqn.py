@@ -40,6 +40,10 @@ from fnrl.nets import call, parameters
 from fnrl.nets.q import QNetwork
 
 KIND = "off_policy"
+SWEEPABLE = ("learning_rate", "gamma")
+"""Config fields `fnrl train dqn --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
+the learning rate is held in the optimizer state (`optim.scale_by_stored_learning_rate`) and gamma
+only in the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
 HEADS = ("q", "categorical", "quantile", "iqn")
 
 
@@ -315,10 +319,12 @@ def functions(config: Config, spec: EnvSpec) -> Functions:
 
 
 def _optimizer(config: Config):
+    """Adam or RMSprop (as torch.optim's) with the learning rate stored in the state, after a global-norm clip."""
     if config.optimizer == "adam":
-        base = optim.adam(config.learning_rate, eps=config.optimizer_eps)
+        direction = optim.scale_by_adam(eps=config.optimizer_eps)
     else:
-        base = optim.rmsprop(config.learning_rate, alpha=config.rmsprop_alpha, eps=config.optimizer_eps)
+        direction = optim.scale_by_rms(alpha=config.rmsprop_alpha, eps=config.optimizer_eps)
+    base = optim.chain(direction, optim.scale_by_stored_learning_rate(config.learning_rate))
     if config.max_grad_norm > 0:
         return optim.chain(optim.clip_by_global_norm(config.max_grad_norm), base)
     return base

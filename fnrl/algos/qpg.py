@@ -47,6 +47,10 @@ from fnrl.nets import call, mlp, parameters
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 
 KIND = "off_policy"
+SWEEPABLE = ("actor_lr", "critic_lr", "alpha_lr", "gamma")
+"""Config fields `fnrl train sac --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
+the step sizes are held in the optimizer state (`scale_by_group_learning_rate`) and gamma only in
+the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 """Range of the SAC policy's log standard deviation (CleanRL's / SpinningUp's bounds)."""
@@ -267,16 +271,22 @@ def _freeze(mask: torch.Tensor, new: TensorDict, old: TensorDict, group: str) ->
 
 
 def scale_by_group_learning_rate(rates: dict[str, float]) -> optim.GradientTransformation:
-    """out[k] = -rates[k] * g[k] for each top-level group k of the parameters (stateless).
+    """out[k] = -rate_k * g[k] for each top-level group k of the parameters.
 
     Lets one Adam (`chain(scale_by_adam(), scale_by_group_learning_rate(...))`) move actor,
     critics and temperature with their own step sizes, as separate torch.optim.Adam's would.
+    The rates are float64 0-d tensors in the state ({k: rate_k} for the groups present in
+    the parameters), so stacked states may hold different rates (fnrl.seeds sweeps).
     """
 
-    def update(grads, state, params=None):
-        return TensorDict({k: grads.get(k).mul(-rates[k]) for k in grads.keys()}, batch_size=[]), state
+    def init(params):
+        return TensorDict({k: torch.tensor(float(rates[k]), dtype=torch.float64) for k in params.keys()},
+                          batch_size=[])
 
-    return optim.GradientTransformation(lambda params: TensorDict({}, batch_size=[]), update)
+    def update(grads, state, params=None):
+        return TensorDict({k: grads.get(k).mul(-state[k]) for k in grads.keys()}, batch_size=[]), state
+
+    return optim.GradientTransformation(init, update)
 
 
 def _categorical_mean(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
