@@ -40,6 +40,8 @@ from fnrl.nets import call, parameters
 from fnrl.nets.q import QNetwork
 
 KIND = "off_policy"
+ACT_KEYS = ("params", "env_steps")
+"""The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 HEADS = ("q", "categorical", "quantile", "iqn")
 
 

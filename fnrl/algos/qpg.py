@@ -47,6 +47,8 @@ from fnrl.nets import call, mlp, parameters
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 
 KIND = "off_policy"
+ACT_KEYS = (("params", "actor"), "obs_rms", "env_steps")
+"""The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 """Range of the SAC policy's log standard deviation (CleanRL's / SpinningUp's bounds)."""
