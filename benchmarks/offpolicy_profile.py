@@ -17,7 +17,7 @@ first compiled calls are done, times every call of the loop's pieces with `perf_
 Writes nothing; prints a markdown table (share of wall time, µs per env step) and, with
 `--cprofile`, the top functions of a cProfile of the same window.
 
-    python benchmarks/offpolicy_profile.py dqn [--steps 6000] [--no-compile] [--cprofile]
+    python benchmarks/offpolicy_profile.py dqn [--steps 6000] [--no-compile] [--check-guards] [--cprofile]
 """
 from __future__ import annotations
 
@@ -129,12 +129,14 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--warm-updates", type=int, default=20, help="updates before the timed window opens")
     p.add_argument("--cprofile", action="store_true")
+    p.add_argument("--check-guards", action="store_true", help="keep Dynamo's guard checks (fnrl.train.SKIP_GUARDS)")
     args = p.parse_args()
+    train_mod.SKIP_GUARDS = not args.check_guards
     load0 = os.getloadavg()
     clock, wall, steps, prof = profile(args.algo, args.steps, not args.no_compile, args.cprofile,
                                        args.warm_updates, args.learning_starts)
     load1 = os.getloadavg()
-    print(f"{args.algo} compile={not args.no_compile}: {steps} env steps in the window, "
+    print(f"{args.algo} compile={not args.no_compile} skip_guards={train_mod.SKIP_GUARDS}: {steps} env steps in the window, "
           f"load {load0[0]:.2f} -> {load1[0]:.2f}")
     print(table(clock, wall, steps))
     if prof is not None:

