@@ -392,8 +392,9 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
 
                     if replay_state is None:
                         replay_state = _init_replay(config, rollout, env.spec, device)
-                    replay_state = replay.add(replay_state, rollout)
-                    sample_options = {"compiled": compile}   # one compiled graph per sample
+                    with _steady(warm):
+                        replay_state = replay.add(replay_state, rollout, compiled=compile)
+                    sample_options = {"compiled": compile}   # one compiled graph per add / sample
                 if counters["env_steps"] >= config.learning_starts:
                     update_credit += steps_per_collect * config.replay_ratio
                     progress = counters["env_steps"] / config.total_steps
