@@ -145,7 +145,9 @@ def _steady(warm: bool):
     TorchDynamo skips guard evaluation (`skip_guard_eval_unsafe`), keeping only the guards that
     tell its cache entries apart. The off-policy loop calls act, sample and update with the same
     structures every time, and each call's guard check costs about as much as the math of a small
-    network on the CPU. Elsewhere (warm False): a no-op context."""
+    network on the CPU. A call that would still need a new graph raises a RuntimeError
+    ("Recompilation triggered with skip_guard_eval_unsafe stance") rather than run a wrong one;
+    SKIP_GUARDS = False turns this off. Elsewhere (warm False): a no-op context."""
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
 
 
@@ -361,7 +363,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     solved = False
     t_start = time.perf_counter() - counters["wall_s"]
     t_log, steps_log = time.perf_counter(), counters["env_steps"]
-    warm = False   # off-policy, compiled: act, sample and update have all run once in this process
+    warm, updates_here = False, 0   # warm: off-policy and compiled, after two updates in this process
     try:
         while counters["env_steps"] < config.total_steps:
             with _steady(warm):
@@ -403,7 +405,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                         with _steady(warm):
                             batch = replay.sample(replay_state, config.batch_size, beta=beta, **sample_options)
                             state, metrics = agent.update(state, batch)
-                        warm = compile and not rows and SKIP_GUARDS
+                        updates_here += 1   # act, add, sample and update have run, on fresh and updated states
+                        warm = compile and not rows and SKIP_GUARDS and updates_here >= 2
                         if config.prioritized:
                             index = batch["index"][0] if batch["index"].ndim == 2 else batch["index"]
                             replay_state = replay.update_priorities(replay_state, index, metrics["priority"])
