@@ -364,6 +364,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     t_start = time.perf_counter() - counters["wall_s"]
     t_log, steps_log = time.perf_counter(), counters["env_steps"]
     warm, updates_here = False, 0   # warm: off-policy and compiled, after two updates in this process
+    # guard skipping is checked for the row replay (DQN family, DDPG/TD3/SAC), not yet for sequence replay (R2D1)
+    may_skip_guards = compile and not rows and SKIP_GUARDS and getattr(module, "REPLAY", None) != "sequence"
     try:
         while counters["env_steps"] < config.total_steps:
             with _steady(warm):
@@ -406,7 +408,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                             batch = replay.sample(replay_state, config.batch_size, beta=beta, **sample_options)
                             state, metrics = agent.update(state, batch)
                         updates_here += 1   # act, add, sample and update have run, on fresh and updated states
-                        warm = compile and not rows and SKIP_GUARDS and updates_here >= 2
+                        warm = may_skip_guards and updates_here >= 2
                         if config.prioritized:
                             index = batch["index"][0] if batch["index"].ndim == 2 else batch["index"]
                             replay_state = replay.update_priorities(replay_state, index, metrics["priority"])
