@@ -100,7 +100,7 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
     ctx_method = start_method(sampler_device)
     ctx = torch.multiprocessing.get_context(ctx_method)
     replay = SharedReplay(_init_replay(config, example, spec, "cpu"), TimedLock(ctx.RLock()))
-    act_keys = [k for k in getattr(module, "ACT_KEYS", ACT_KEYS) if k in state.keys()]
+    act_keys = [k for k in getattr(module, "ACT_KEYS", ACT_KEYS) if k != "env_steps" and k in state.keys(True)]
     params = SharedParams(state.select(*act_keys), TimedLock(ctx.Lock()))
     params.publish(state.select(*act_keys), counters["updates"])
     throttle = Throttle(steps_per_collect, config.learning_starts, config.replay_ratio,

@@ -30,3 +30,56 @@ def test_compiled_act_equals_eager_without_recompiles(name, env_id):
             obs = env.step(a_eager)["obs"]
             state["env_steps"] += 1
     assert counters["stats"]["unique_graphs"] == 1   # one graph: no recompile after the first call
+
+
+def test_acting_on_passes_only_the_declared_state():
+    seen = []
+
+    def act(state, obs, carry, explore):
+        seen.append(set(state.keys(include_nested=True, leaves_only=True)))
+        return obs, {}, carry
+
+    from tensordict import TensorDict
+    from fnrl.train import acting_on
+
+    state = TensorDict({"params": {"actor": {"w": torch.ones(2)}, "critic": {"w": torch.ones(3)}},
+                        "opt_state": {"mu": torch.zeros(3)}, "env_steps": torch.zeros((), dtype=torch.int64)}, [])
+    obs = torch.zeros(4, 3)
+    out, extras, carry = acting_on((("params", "actor"), "obs_rms", "env_steps"), act)(state, obs, None, True)
+    assert out is obs and extras == {} and carry is None
+    assert seen == [{"env_steps", ("params", "actor", "w")}]   # obs_rms absent: skipped
+
+
+@pytest.mark.parametrize("name", ["dqn", "sac"])
+def test_act_keys_cover_what_act_reads(name):
+    """Eager act on only ACT_KEYS of the state equals act on the whole state."""
+    module = algos.load(name)
+    env_id = "CartPole-v1" if name == "dqn" else "Pendulum-v1"
+    config = dataclasses.replace(algos.default_config(name), env_id=env_id, learning_starts=0)
+    env = envs.make(env_id, 3, seed=0)
+    agent = module.make(config, env.spec)
+    state = agent.init(0)
+    obs = env.reset()["obs"]
+    for explore in (True, False):
+        torch.manual_seed(1)
+        full = agent.act(state, obs, None, explore)[0]
+        torch.manual_seed(1)
+        part = agent.act(state.select(*module.ACT_KEYS, strict=False), obs, None, explore)[0]
+        torch.testing.assert_close(part, full)
+
+
+def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp_path):
+    """`train(compile=True)` off-policy skips Dynamo's guard checks once warm (fnrl.train._steady):
+    the same parameters as with the checks."""
+    import fnrl.train as train_mod
+
+    config = dataclasses.replace(algos.default_config("dqn"), total_steps=600, learning_starts=200, num_envs=2,
+                                 num_steps=5, batch_size=16, hidden=(16,), replay_ratio=0.5)
+    states = []
+    for skip in (False, True):
+        monkeypatch.setattr(train_mod, "SKIP_GUARDS", skip)
+        result = train_mod.train("dqn", config, seed=3, compile=True, quiet=True, log_dir=tmp_path / str(skip),
+                                 tensorboard=False, plot=False)
+        states.append(result.state)
+        assert result.history[-1]["updates"] > 150
+    torch.testing.assert_close(states[1]["params"], states[0]["params"], rtol=0, atol=0)

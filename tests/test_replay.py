@@ -417,3 +417,29 @@ def test_errors():
         replay.add(buffer, rollout[:, :1])
     with pytest.raises(ValueError, match="prioritized=True"):
         replay.update_priorities(buffer, torch.tensor([0]), torch.tensor([1.0]))
+
+
+def test_compiled_add_equals_eager_without_recompiles():
+    """`add(..., compiled=True)` leaves the same storage, sampleable rows, count and sum tree as
+    eager adds, across ring wraparounds, with priorities changed in between; it starts once
+    W >= n (first add eager) and compiles once."""
+    from torch._dynamo.utils import counters
+
+    n, C, T, B = 3, 20, 5, 3
+    episodes = RandomEpisodes(B, seed=4)
+    rollouts = [episodes.rollout(T) for _ in range(12)]   # 60 rows per env: three wraparounds
+    buffers = [replay.init(rollouts[0], C * B, n_step=n, gamma=0.9, prioritized=True) for _ in range(2)]
+    counters.clear()
+    for step, rollout in enumerate(rollouts):
+        buffers = [replay.add(buffer, rollout, compiled=c) for buffer, c in zip(buffers, (False, True))]
+        eager, compiled = buffers
+        assert compiled.steps_written == eager.steps_written
+        torch.testing.assert_close(compiled.storage.to_dict(), eager.storage.to_dict(), rtol=0, atol=0)
+        torch.testing.assert_close(compiled.rows.to_dict(), eager.rows.to_dict(), rtol=0, atol=0)
+        assert int(compiled.sampleable_count) == int(eager.sampleable_count) == int(eager.rows["sampleable"].sum())
+        torch.testing.assert_close(compiled.tree, eager.tree, rtol=1e-12, atol=1e-12)
+        if replay.can_sample(eager, 8):
+            index = replay.sample(eager, 8, generator=torch.Generator().manual_seed(step))["index"]
+            td = torch.randn(8, generator=torch.Generator().manual_seed(100 + step))
+            buffers = [replay.update_priorities(b, index, td) for b in buffers]
+    assert counters["stats"]["unique_graphs"] == 1

@@ -44,6 +44,8 @@ SWEEPABLE = ("learning_rate", "gamma")
 """Config fields `fnrl train dqn --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
 the learning rate is held in the optimizer state (`optim.scale_by_stored_learning_rate`) and gamma
 only in the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
+ACT_KEYS = ("params", "env_steps")
+"""The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 HEADS = ("q", "categorical", "quantile", "iqn")
 
 

@@ -51,6 +51,8 @@ SWEEPABLE = ("actor_lr", "critic_lr", "alpha_lr", "gamma")
 """Config fields `fnrl train sac --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
 the step sizes are held in the optimizer state (`scale_by_group_learning_rate`) and gamma only in
 the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
+ACT_KEYS = (("params", "actor"), "obs_rms", "env_steps")
+"""The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 """Range of the SAC policy's log standard deviation (CleanRL's / SpinningUp's bounds)."""

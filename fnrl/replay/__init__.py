@@ -8,7 +8,7 @@ the big tensors are preallocated and updated in place, never copied):
     buffer = replay.init(example, capacity, *, num_envs=None, n_step=1, gamma=0.99,
                          prioritized=False, alpha=0.6, priority_eps=1e-6,
                          frame_dedup=False, device="cpu", memmap_dir=None)
-    buffer = replay.add(buffer, rollout)                 # rollout: TensorDict [T, B]
+    buffer = replay.add(buffer, rollout, compiled=False) # rollout: TensorDict [T, B]
     batch  = replay.sample(buffer, batch_size, beta=0.4, generator=None)   # TensorDict [N]
     buffer = replay.update_priorities(buffer, batch["index"], td_error)
     replay.size(buffer), replay.num_sampleable(buffer), replay.can_sample(buffer, batch_size)

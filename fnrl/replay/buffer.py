@@ -194,8 +194,10 @@ def _write_ring(dest, data, start: int) -> None:
         dest[:T - first] = data[first:]
 
 
-def _oldest(spec: ReplaySpec, steps_written: int) -> int:
-    """Absolute time of the oldest row still stored."""
+def _oldest(spec: ReplaySpec, steps_written):
+    """Absolute time of the oldest row still stored (an int, or a 0-d tensor for a tensor W)."""
+    if torch.is_tensor(steps_written):
+        return (steps_written - spec.rows_per_env).clamp(min=0)
     return max(0, steps_written - spec.rows_per_env)
 
 
@@ -205,46 +207,54 @@ def _absolute_row(spec: ReplaySpec, position: torch.Tensor, steps_written: int) 
     return position + C * torch.div(steps_written - 1 - position, C, rounding_mode="floor")
 
 
-def _sampleable(buffer: ReplayBuffer, row: torch.Tensor, steps_written: int) -> torch.Tensor:
+def _sampleable(spec: ReplaySpec, storage, rows, row: torch.Tensor, steps_written) -> torch.Tensor:
     """Whether rows of absolute times `row` [K] (all still stored) may be sampled, per env: bool [K, B].
 
     valid, and row <= W - 1 - n (its window and bootstrap row are written), and
     row >= W - C (stored), and with frame_dedup its whole frame stack is still stored.
     """
-    spec = buffer.spec
     oldest = _oldest(spec, steps_written)
     in_window = (row >= oldest) & (row <= steps_written - 1 - spec.n_step)
-    ok = buffer.storage["valid"][row % spec.rows_per_env] & in_window.unsqueeze(1)
+    ok = storage["valid"][row % spec.rows_per_env] & in_window.unsqueeze(1)
     if spec.frame_dedup:
         env = torch.arange(spec.num_envs, device=row.device)
-        sources = stack_source_rows(row.unsqueeze(1), env, buffer.rows["stack_start"], oldest, spec.frame_stack)
+        sources = stack_source_rows(row.unsqueeze(1), env, rows["stack_start"], oldest, spec.frame_stack)
         ok = ok & (sources[..., 0] >= oldest)
     return ok
 
 
-def _refresh(buffer: ReplayBuffer, row: torch.Tensor, steps_written: int) -> None:
+def _refresh(spec: ReplaySpec, storage, rows, tree, sampleable_count, row: torch.Tensor, steps_written,
+             dedup: bool = True) -> None:
     """Recompute `sampleable`, its count and the tree leaves of the distinct absolute rows `row` [K]."""
-    spec = buffer.spec
     position = row % spec.rows_per_env
-    new = _sampleable(buffer, row, steps_written)
-    old = buffer.rows["sampleable"][position]
-    buffer.sampleable_count.add_(new.sum() - old.sum())
-    buffer.rows["sampleable"][position] = new
+    new = _sampleable(spec, storage, rows, row, steps_written)
+    old = rows["sampleable"][position]
+    sampleable_count.add_(new.sum() - old.sum())
+    rows["sampleable"][position] = new
     leaf = (position.unsqueeze(1) * spec.num_envs + torch.arange(spec.num_envs, device=row.device)).flatten()
-    sum_tree_set(buffer.tree, leaf, (buffer.rows["priority"][position] * new).flatten())
+    sum_tree_set(tree, leaf, (rows["priority"][position] * new).flatten(), dedup=dedup)
 
 
-def add(buffer: ReplayBuffer, rollout: TensorDictBase) -> ReplayBuffer:
+def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False) -> ReplayBuffer:
     """Write a rollout [T, B] at the write cursor (wrapping around) and return the buffer.
 
     Every key but `next_obs` is stored (next_obs[t] == obs[t + 1] per env, so the bootstrap
     observation of row t is the stored obs of row t + m). New rows get priority
     `max_priority`; rows become sampleable once the rule in the package docstring holds.
+
+    compiled: write and refresh the T + n rows that change with one `torch.compile`d graph
+    (in place, W passed as a tensor so it compiles once per buffer shape and T) instead of
+    ~25 eager tensor ops, once W >= n and C >= T + n (before that, and for frame-deduplicated
+    buffers, eagerly). Same buffer contents as eager.
     """
     _check_rollout(buffer, rollout)
     spec, W = buffer.spec, buffer.steps_written
     C, (T, B) = spec.rows_per_env, rollout.batch_size
     data = rollout.exclude("next_obs").to(spec.device)
+    if compiled and not spec.frame_dedup and W >= spec.n_step and C >= T + spec.n_step:
+        _compiled_write()(spec, buffer.storage, buffer.rows, buffer.tree, buffer.max_priority,
+                          buffer.sampleable_count, data, torch.tensor(W, device=spec.device))
+        return dataclasses.replace(buffer, steps_written=W + T)
     start = W % C
     if spec.frame_dedup:
         obs = data["obs"]
@@ -264,8 +274,34 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase) -> ReplayBuffer:
     if spec.frame_dedup:
         changed = torch.cat([changed, torch.arange(oldest, min(oldest + spec.frame_stack - 1, steps),
                                                    device=spec.device)]).unique()        # lost history
-    _refresh(buffer, changed, steps)
+    _refresh(spec, buffer.storage, buffer.rows, buffer.tree, buffer.sampleable_count, changed, steps)
     return dataclasses.replace(buffer, steps_written=steps)
+
+
+def _write(spec: ReplaySpec, storage, rows, tree, max_priority, sampleable_count, data, steps_written) -> None:
+    """`add`'s tensor work once W >= n and C >= T + n (no frame dedup), in place: the rows
+    W .. W+T-1 at positions (W + t) % C get `data` [T, B] and priority `max_priority`; the
+    rows that change status are then exactly W - n .. W + T - 1 (all stored, all distinct).
+    steps_written: W as a 0-d int64 tensor."""
+    T, n = data.batch_size[0], spec.n_step
+    offsets = torch.arange(T + n, device=steps_written.device)
+    position = (steps_written + offsets[:T]) % spec.rows_per_env
+    for key, value in data.items(include_nested=True, leaves_only=True):
+        storage.get(key)[position] = value
+    rows.get("priority")[position] = max_priority
+    _refresh(spec, storage, rows, tree, sampleable_count, steps_written - n + offsets, steps_written + T,
+             dedup=False)
+
+
+_COMPILED_WRITE = None
+
+
+def _compiled_write():
+    """`_write` under torch.compile (made on first use, shared by all buffers)."""
+    global _COMPILED_WRITE
+    if _COMPILED_WRITE is None:
+        _COMPILED_WRITE = torch.compile(_write, fullgraph=True, dynamic=False)
+    return _COMPILED_WRITE
 
 
 def size(buffer: ReplayBuffer) -> int:

@@ -68,13 +68,14 @@ def init(example: TensorDictBase, capacity: int, *, num_rows: int, gamma: float 
                              for r, g in enumerate(gammas)))
 
 
-def add(buffers: MultiBuffer, rollout: TensorDictBase) -> MultiBuffer:
-    """Add each row's env columns of `rollout` [T, R * B] to its own buffer."""
+def add(buffers: MultiBuffer, rollout: TensorDictBase, *, compiled: bool = False) -> MultiBuffer:
+    """Add each row's env columns of `rollout` [T, R * B] to its own buffer (`compiled`: as
+    in `fnrl.replay.add`)."""
     if rollout.batch_dims != 2 or rollout.batch_size[1] != buffers.num_rows * buffers.num_envs:
         raise ValueError(f"rollout must be [T, {buffers.num_rows * buffers.num_envs}] "
                          f"(R={buffers.num_rows} rows of B={buffers.num_envs} envs), got {rollout.batch_size}")
     B = buffers.num_envs
-    return MultiBuffer(tuple(replay.add(buf, row_columns(rollout, r, B)) for r, buf in enumerate(buffers.buffers)))
+    return MultiBuffer(tuple(replay.add(buf, row_columns(rollout, r, B), compiled=compiled) for r, buf in enumerate(buffers.buffers)))
 
 
 def can_sample(buffers: MultiBuffer, batch_size: int) -> bool:

@@ -51,21 +51,42 @@ def sum_tree_init(num_leaves: int, device: str | torch.device = "cpu") -> torch.
     return torch.zeros(size, dtype=torch.float64, device=device)
 
 
-def sum_tree_set(tree: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def sum_tree_set(tree: torch.Tensor, index: torch.Tensor, value: torch.Tensor, dedup: bool = True) -> torch.Tensor:
     """Set leaves `index` [M] (int64) to `value` [M] (>= 0) and fix their ancestors; returns `tree`.
 
     For each level from the leaves up, each distinct parent p = node // K gets
     sum_k child[K p + k] (deduplicating keeps the work at (distinct parents) x K per level:
     a rollout's leaves share few parents; on a GPU this costs one sync per level).
+    dedup=False recomputes a shared parent once per child instead (same sums, M x K work per
+    level, no data-dependent shapes, and writes by flat index into `tree` rather than into
+    views of its levels, so that under torch.compile they stay in place instead of copying
+    the whole tree).
     Duplicate indices are allowed; if they carry different values, which one wins is
     unspecified (as with any index_put).
     """
+    if not dedup:
+        return _sum_tree_set_flat(tree, index, value)
     levels = sum_tree_levels(tree)
     levels[-1][index] = value.to(tree.dtype)
     node = index
     for parent, children in zip(reversed(levels[:-1]), reversed(levels[1:])):
         node = torch.unique(torch.div(node, ARITY, rounding_mode="floor"))
         parent[node] = children.view(-1, ARITY).index_select(0, node).sum(-1)
+    return tree
+
+
+def _sum_tree_set_flat(tree: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """`sum_tree_set(..., dedup=False)`: the same writes as index_put_ on `tree` itself."""
+    starts = [0]
+    for level in sum_tree_levels(tree)[:-1]:
+        starts.append(starts[-1] + level.shape[0])   # start of each level in the flat tree
+    tree.index_put_((starts[-1] + index,), value.to(tree.dtype))
+    child_rank = torch.arange(ARITY, device=tree.device)
+    node = index
+    for depth in range(len(starts) - 2, -1, -1):
+        node = torch.div(node, ARITY, rounding_mode="floor")
+        children = starts[depth + 1] + node.unsqueeze(-1) * ARITY + child_rank      # [M, K]
+        tree.index_put_((starts[depth] + node,), tree[children].sum(-1))
     return tree
 
 
