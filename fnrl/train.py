@@ -136,14 +136,14 @@ def acting_on(keys, act):
 
 
 SKIP_GUARDS = True
-"""Off-policy runs with compile=True skip TorchDynamo's guard checks once warm (see `_steady`);
+"""Runs with compile=True skip TorchDynamo's guard checks once warm (see `_steady`);
 set False to keep them (e.g. while changing an algorithm's act or update)."""
 
 
 def _steady(warm: bool):
     """Where every compiled function of the loop has run once with the shapes it will keep:
     TorchDynamo skips guard evaluation (`skip_guard_eval_unsafe`), keeping only the guards that
-    tell its cache entries apart. The off-policy loop calls act, sample and update with the same
+    tell its cache entries apart. The loop calls act, the update (and replay add / sample) with the same
     structures every time, and each call's guard check costs about as much as the math of a small
     network on the CPU. A call that would still need a new graph raises a RuntimeError
     ("Recompilation triggered with skip_guard_eval_unsafe stance") rather than run a wrong one;
@@ -363,8 +363,9 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     solved = False
     t_start = time.perf_counter() - counters["wall_s"]
     t_log, steps_log = time.perf_counter(), counters["env_steps"]
-    warm, updates_here = False, 0   # warm: off-policy and compiled, after two updates in this process
-    # guard skipping is checked for the row replay (DQN family, DDPG/TD3/SAC), not yet for sequence replay (R2D1)
+    warm, updates_here = False, 0   # warm: compiled, after two updates in this process
+    # guard skipping is checked for on-policy updates and the row replay (DQN family, DDPG/TD3/SAC), not yet
+    # for sequence replay (R2D1)
     may_skip_guards = compile and not rows and SKIP_GUARDS and getattr(module, "REPLAY", None) != "sequence"
     try:
         while counters["env_steps"] < config.total_steps:
@@ -380,8 +381,11 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                 if ended.any():
                     ep_returns.extend(rollout["episode_return"][ended].tolist())
             if not off_policy:
-                state, metrics = agent.update(state, rollout)
+                with _steady(warm):
+                    state, metrics = agent.update(state, rollout)
                 counters["updates"] += 1
+                updates_here += 1
+                warm = may_skip_guards and updates_here >= 2
             else:
                 if getattr(module, "REPLAY", None) == "sequence":   # recurrent: sequence replay
                     from fnrl.replay import sequence as replay

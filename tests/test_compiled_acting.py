@@ -68,18 +68,25 @@ def test_act_keys_cover_what_act_reads(name):
         torch.testing.assert_close(part, full)
 
 
-def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp_path):
-    """`train(compile=True)` off-policy skips Dynamo's guard checks once warm (fnrl.train._steady):
-    the same parameters as with the checks."""
+SKIP_GUARD_RUNS = {
+    "dqn": dict(total_steps=600, learning_starts=200, num_envs=2, num_steps=5, batch_size=16, hidden=(16,),
+                replay_ratio=0.5),
+    "ppo": dict(total_steps=384, num_envs=4, num_steps=16, update_epochs=2, num_minibatches=2, hidden=(16,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SKIP_GUARD_RUNS))
+def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp_path, name):
+    """`train(compile=True)` skips Dynamo's guard checks once warm (fnrl.train._steady): the same
+    parameters as with the checks, off-policy (act, replay add / sample, update) and on-policy."""
     import fnrl.train as train_mod
 
-    config = dataclasses.replace(algos.default_config("dqn"), total_steps=600, learning_starts=200, num_envs=2,
-                                 num_steps=5, batch_size=16, hidden=(16,), replay_ratio=0.5)
+    config = dataclasses.replace(algos.default_config(name), **SKIP_GUARD_RUNS[name])
     states = []
     for skip in (False, True):
         monkeypatch.setattr(train_mod, "SKIP_GUARDS", skip)
-        result = train_mod.train("dqn", config, seed=3, compile=True, quiet=True, log_dir=tmp_path / str(skip),
+        result = train_mod.train(name, config, seed=3, compile=True, quiet=True, log_dir=tmp_path / str(skip),
                                  tensorboard=False, plot=False)
         states.append(result.state)
-        assert result.history[-1]["updates"] > 150
+        assert result.history[-1]["updates"] > (150 if name == "dqn" else 5)
     torch.testing.assert_close(states[1]["params"], states[0]["params"], rtol=0, atol=0)

@@ -26,6 +26,8 @@ from fnrl.errors import ConfigError
 from fnrl.returns import gae
 
 KIND = "on_policy"
+ACT_KEYS = ("params",)
+"""The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 SWEEPABLE = ("learning_rate", "ent_coef", "vf_coef", "gamma", "gae_lambda")
 """Config fields held as tensors in the state (`state["hp"]`, the optimizer's stored rate),

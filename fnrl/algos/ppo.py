@@ -35,6 +35,8 @@ from fnrl.normalize import rms_init, rms_normalize, rms_update
 from fnrl.returns import gae, reverse_linear_recurrence
 
 KIND = "on_policy"
+ACT_KEYS = ("params", "obs_rms")
+"""The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 SWEEPABLE = ("learning_rate", "ent_coef", "vf_coef", "clip_coef", "gamma", "gae_lambda")
 """Config fields held as tensors in the state (`state["hp"]`, the optimizer's stored rate),
