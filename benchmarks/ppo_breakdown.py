@@ -5,12 +5,13 @@ of 2048) and CleanRL's (4 envs x 128 steps, minibatches of 128), 64-64 tanh MLPs
 iteration = collect a [128, B] rollout + one update, as `fnrl.train` runs it. Variants,
 measured in alternating rounds in one process (so load hits them alike):
 
-- `serial, compiled act`: the serial sampler, `act` compiled (`torch.compile(act)`);
-- `serial, eager act`: the serial sampler, `act` eager (`fnrl.nets.call` swaps the
-  parameters straight into the modules);
+- `serial, compiled act`: as `fnrl train` runs it: the serial sampler, `act` compiled and
+  given only `ppo.ACT_KEYS` of the state, the compiled update (`prepare` + all minibatch
+  steps in one `scan`), TorchDynamo's guard checks skipped once warm (`fnrl.train._steady`);
+- `serial, eager act`: the same with `act` eager (`fnrl.nets.call` swaps the parameters
+  straight into the modules);
 - `alternating, eager act`: two EnvPool groups of B/2 whose steps overlap the policy;
-- every variant uses the compiled update (`prepare` + all minibatch steps in one `scan`);
-  one extra row times the eager update.
+- `eager act, eager update`: `fnrl train --no-compile`.
 
 Columns (ms per iteration): `act` (policy forward + sampling), `raw env` (EnvPool's own
 step; for the alternating sampler, the time spent waiting in `recv`), `sampler + adaptor`
@@ -36,6 +37,7 @@ import torch
 
 from fnrl import envs, samplers
 from fnrl.algos import ppo
+from fnrl.train import _steady, acting_on
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
@@ -81,14 +83,15 @@ class TimedRaw:
 class Variant:
     """One way of running PPO iterations: a sampler kind, act compiled or not."""
 
-    def __init__(self, name, num_envs, sampler, compile_act, update):
-        self.name = name
+    def __init__(self, name, num_envs, sampler, compile_act, update, update_threads=None):
+        self.name, self.update_threads = name, update_threads
         config = ppo.Config(**SETTINGS, num_envs=num_envs)
         env = envs.make(config.env_id, num_envs, seed=0)
         agent = ppo.make(config, env.spec, compile=False)
         self.state = agent.init(0)
         self.timed = Timed()
-        act = torch.compile(agent.act, fullgraph=True, dynamic=False) if compile_act else agent.act
+        act = acting_on(ppo.ACT_KEYS, torch.compile(agent.act, fullgraph=True, dynamic=False)) if compile_act \
+            else agent.act
         self.sampler = samplers.make(sampler, env, self.timed.wrap(act, "act"), config.num_steps)
         for e in getattr(self.sampler, "envs", [env]):
             e.raw = TimedRaw(e.raw, self.timed)
@@ -97,19 +100,26 @@ class Variant:
         self.steps = num_envs * config.num_steps
         self.seconds, self.iterations = 0.0, 0
         self.iteration()   # allocation, compile
+        self.iteration()   # warm: guard checks skipped from here on
         self.timed.total.clear()
-        self.seconds, self.iterations = 0.0, 0
+        self.seconds, self.iterations = 0.0, 1
 
     def iteration(self):
+        warm = self.iterations > 0
         t = time.perf_counter()
-        rollout = self.collect(self.state)
-        self.state["env_steps"] += self.steps
-        self.state, _ = self.update(self.state, rollout)
+        with _steady(warm):
+            rollout = self.collect(self.state)
+            self.state["env_steps"] += self.steps
+            threads = torch.get_num_threads()
+            if self.update_threads:
+                torch.set_num_threads(self.update_threads)
+            self.state, _ = self.update(self.state, rollout)
+            torch.set_num_threads(threads)
         self.seconds += time.perf_counter() - t
         self.iterations += 1
 
     def row(self) -> dict:
-        n = self.iterations
+        n = self.iterations - 1
         per = {k: v / n * 1e3 for k, v in self.timed.total.items()}
         total = self.seconds / n * 1e3
         return {"act": per["act"], "raw env": per["raw_env"],
@@ -140,7 +150,8 @@ def measure(num_envs: int, rounds: int) -> tuple[dict, float]:
     variants = [Variant("serial, compiled act", num_envs, "serial", True, compiled_update),
                 Variant("serial, eager act", num_envs, "serial", False, compiled_update),
                 Variant("alternating, eager act", num_envs, "alternating", False, compiled_update),
-                Variant("serial, eager act, eager update", num_envs, "serial", False, eager_update)]
+                Variant("eager act, eager update", num_envs, "serial", False, eager_update)]
+
     for _ in range(rounds):
         for v in variants:
             for _ in range(3 if v.steps < 2048 else 1):

@@ -168,7 +168,11 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         act_rows = torch.compile(act_rows, fullgraph=True, dynamic=False,
                                  options={"fallback_random": True} if off_policy else None)
 
+    act_keys = getattr(module, "ACT_KEYS", None)
+
     def act(state, obs, carry=None, explore: bool = True):
+        if act_keys is not None:   # fewer tensors for the compiled act to guard (fnrl.train.acting_on)
+            state = state.select(*act_keys, strict=False)
         action, extras = act_rows(state, obs, explore)
         return action, extras, None
 

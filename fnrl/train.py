@@ -364,9 +364,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     t_start = time.perf_counter() - counters["wall_s"]
     t_log, steps_log = time.perf_counter(), counters["env_steps"]
     warm, updates_here = False, 0   # warm: compiled, after two updates in this process
-    # guard skipping is checked for on-policy updates and the row replay (DQN family, DDPG/TD3/SAC), not yet
-    # for sequence replay (R2D1)
-    may_skip_guards = compile and not rows and SKIP_GUARDS and getattr(module, "REPLAY", None) != "sequence"
+    # guard skipping is checked for on-policy updates (vmapped rows too) and the row replay (DQN family,
+    # DDPG/TD3/SAC), not yet for sequence replay (R2D1) or several rows' replays
+    may_skip_guards = (compile and SKIP_GUARDS and not (rows and off_policy)
+                       and getattr(module, "REPLAY", None) != "sequence")
     try:
         while counters["env_steps"] < config.total_steps:
             with _steady(warm):
