@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from fnrl import envs
 from fnrl.algos import a2c, ppo
@@ -105,3 +106,33 @@ def test_bad_options_are_config_errors():
         ppo.validate(dataclasses.replace(SMALL, penalty="both"))
     with pytest.raises(ConfigError, match="positive"):
         a2c.validate(a2c.Config(num_envs=0))
+
+
+def test_scan_steps_compiled_equals_the_python_loop():
+    """`scan_steps` inside torch.compile (torch's scan) gives the Python loop's carry and stacked
+    outputs, and rebuilds the carry TensorDicts exactly: key order, empty nested ones, and a
+    leaf the step passes through unchanged."""
+    from fnrl.algos.common import scan_steps
+
+    def step(carry, x):
+        params, opt = carry
+        new_params = params.apply(lambda p: p * 0.5 + x.sum())
+        new_opt = opt.clone(recurse=False)
+        new_opt["1", "count"] = opt["1", "count"] + 1
+        return (new_params, new_opt), {"loss": x.mean() + new_params["w"].sum(), "count": new_opt["1", "count"]}
+
+    params = TensorDict({"w": torch.randn(3), "net": {"b": torch.randn(2)}}, [])
+    opt = TensorDict({"0": {}, "1": {"count": torch.zeros((), dtype=torch.int64), "rate": torch.tensor(0.1)}}, [])
+    xs = torch.randn(5, 4)
+
+    def run(params, opt, xs):
+        return scan_steps(step, (params, opt), xs)
+
+    (p_loop, o_loop), out_loop = run(params, opt, xs)
+    (p_scan, o_scan), out_scan = torch.compile(run, fullgraph=True, dynamic=False)(params, opt, xs)
+    assert list(o_scan.keys(True)) == list(o_loop.keys(True)) == list(opt.keys(True))
+    assert list(p_scan.keys(True)) == list(params.keys(True))
+    assert_close_td(p_scan, p_loop, rtol=1e-6, atol=1e-6)
+    assert_close_td(o_scan, o_loop, rtol=0, atol=0)
+    assert out_scan["count"].tolist() == [1, 2, 3, 4, 5]
+    torch.testing.assert_close(out_scan["loss"], out_loop["loss"])
