@@ -112,7 +112,9 @@ def _make_agent(module, config, spec, compile: bool):
         if compile:
             agent = agent._replace(update=torch.compile(agent.update, fullgraph=True, dynamic=False))
     if compile:
-        options = {"fallback_random": True, "cpp_wrapper": True} if module.KIND == "off_policy" else None
+        # cpp_wrapper: the compiled act's wrapper is C++, not Python (~250 vs ~400 us per call for a
+        # 64-env MLP policy on this CPU, for ~2 s more compile)
+        options = {"cpp_wrapper": True, **({"fallback_random": True} if module.KIND == "off_policy" else {})}
         act = torch.compile(agent.act, fullgraph=True, dynamic=False, options=options)
         keys = getattr(module, "ACT_KEYS", None)
         agent = agent._replace(act=act if keys is None else acting_on(keys, act))
