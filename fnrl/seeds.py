@@ -177,7 +177,7 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
     def act_rows(state, obs, carry, explore: bool):
         def one(s, o, c):
             action, extras, next_carry = single_act(s, o, c, explore)
-            return action, dict(extras), next_carry
+            return action, dict(extras), (next_carry if recurrent else ())
 
         carry = carry.reshape(R, B) if carry is not None else None
         action, extras, carry = torch.func.vmap(one, (0, 0, None if carry is None else 0), randomness="different")(
