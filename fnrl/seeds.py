@@ -29,6 +29,12 @@ epsilon / warm-up schedules read each row's own state["env_steps"]. The training
 update credit and learning_starts are shared (rows step in lockstep); a round runs once
 every row can sample a batch.
 
+R2D1 (recurrent, sequence replay) rows keep their own envs' recurrent carries: the sampler's
+carry [R * B] is viewed as [R, B] and acting is vmapped over R with it, so row r's carries
+evolve exactly as its single run's. Each row has its own `fnrl.replay.sequence` buffer
+(`multi.init_sequence`) fed with `module.sequence_input` of its own columns (input
+priorities per row); a round samples one batch of sequences per row ([R, L, N]).
+
     rows = make_rows(ppo, ppo.Config(), seed=0, num_seeds=4, sweep={"learning_rate": [1e-3, 3e-4]})
     agent = make_agent(ppo, rows, env_spec, num_envs=8, compile=True)
     state = agent.init(0)                 # [8, ...]: the 8 rows' states stacked
@@ -75,10 +81,10 @@ def parse_sweep(text: str) -> dict:
 
 def supports(module) -> bool:
     """True for algorithms whose update vmaps over rows: on-policy feed-forward (ppo, a2c) and
-    off-policy with row replay (the DQN family, ddpg / td3 / sac); not sequence replay (r2d1)
-    or a central runtime (impala)."""
+    off-policy with row replay (the DQN family, ddpg / td3 / sac, and r2d1 with row sequence
+    replay); not a central runtime (impala)."""
     kind = getattr(module, "KIND", None)
-    if getattr(module, "RUNTIME", "serial") != "serial" or getattr(module, "REPLAY", None) == "sequence":
+    if getattr(module, "RUNTIME", "serial") != "serial":
         return False
     return (kind == "on_policy" and hasattr(module, "SWEEPABLE")) or kind == "off_policy"
 
@@ -95,8 +101,8 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
     name = getattr(config, "algo", None) or module.__name__.rsplit(".", 1)[-1]   # qpg: ddpg / td3 / sac
     if not supports(module):
         raise ConfigError(f"--num-seeds / --sweep are not supported for {name} yet; "
-                          f"use ppo, a2c, the dqn family, ddpg, td3 or sac, or separate runs (one per --seed)")
-    if getattr(config, "core", "none") != "none":
+                          f"use ppo, a2c, the dqn family, ddpg, td3, sac or r2d1, or separate runs (one per --seed)")
+    if not _recurrent(module) and getattr(config, "core", "none") != "none":
         raise ConfigError(f"--num-seeds / --sweep need a feed-forward policy; --core {config.core} is not "
                           f"supported yet (use separate runs)")
     sweep = dict(sweep or {})
@@ -105,7 +111,10 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
     configs = [(config, {})]
     for field, values in sweep.items():
         field = ALIASES.get(field, field)
-        if field not in getattr(module, "SWEEPABLE", ()):
+        if not getattr(module, "SWEEPABLE", ()):
+            raise ConfigError(f"--sweep: {name} has no sweepable fields yet; use --num-seeds, or separate runs "
+                              f"(one per value of --{field.replace('_', '-')})")
+        if field not in module.SWEEPABLE:
             raise ConfigError(f"--sweep {field}: not a sweepable field of {name}; "
                               f"choose one of {', '.join(module.SWEEPABLE)}")
         values = list(values)
@@ -116,6 +125,11 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
     for c, _ in configs:
         module.validate(c)
     return [Row(seed + k, c, {"seed": seed + k, **labels}) for c, labels in configs for k in range(num_seeds)]
+
+
+def _recurrent(module) -> bool:
+    """Recurrent by design (sequence replay, the carry kept by the sampler): r2d1."""
+    return getattr(module, "REPLAY", None) == "sequence"
 
 
 def env_seeds(rows: list[Row], num_envs: int) -> list[int]:
@@ -129,14 +143,17 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
 
     init(seed) -> state [R, ...]: `agent_r.init(rows[r].seed)` stacked (the argument only
         keeps the Agent signature; the rows carry their seeds).
-    act(state [R], obs [R * B, ...], carry, explore) -> (action [R * B], extras [R * B], None):
+    act(state [R], obs [R * B, ...], carry, explore) -> (action [R * B], extras [R * B], carry):
         obs is split into [R, B, ...], the algorithm's act vmapped over R, and the
-        outputs flattened back, so a sampler sees one batch of R * B envs.
+        outputs flattened back, so a sampler sees one batch of R * B envs. carry is None
+        for feed-forward algorithms; recurrent ones (r2d1) get the sampler's carry [R * B]
+        (with its `reset` [R * B]) viewed as [R, B], each row stepping its own envs'
+        carries, and return the next carry [R * B] (fnrl.nets.recurrent's protocol).
     update(state [R], rollout [T, R * B]) -> (state [R], metrics [R]): the rollout is
         viewed as [R, T, B] and the update vmapped over R (`randomness="different"`).
         Off-policy algorithms: update(state [R], batch [R, N]) -> (state [R], metrics [R]),
         one replay sample per row (`fnrl.replay.multi.sample`), the update vmapped over R;
-        metrics["priority"] is then [R, N].
+        metrics["priority"] is then [R, N]. Sequence replay (r2d1): batch [R, L, N].
     With `compile=True` act and update are compiled once (`fullgraph=True`; off-policy acting
     with Inductor's fallback_random, as in a single run).
     """
@@ -155,13 +172,18 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
     def init(seed: int | None = None):
         return torch.stack([agent.init(row.seed) for agent, row in zip(row_agents, rows)])
 
-    def act_rows(state, obs, explore: bool):
-        def one(s, o):
-            action, extras, _ = single_act(s, o, None, explore)
-            return action, dict(extras)
+    recurrent = _recurrent(module)
 
-        action, extras = torch.func.vmap(one, randomness="different")(state, obs.reshape(R, B, *obs.shape[1:]))
-        return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}
+    def act_rows(state, obs, carry, explore: bool):
+        def one(s, o, c):
+            action, extras, next_carry = single_act(s, o, c, explore)
+            return action, dict(extras), (next_carry if recurrent else ())
+
+        carry = carry.reshape(R, B) if carry is not None else None
+        action, extras, carry = torch.func.vmap(one, (0, 0, None if carry is None else 0), randomness="different")(
+            state, obs.reshape(R, B, *obs.shape[1:]), carry)
+        carry = carry.flatten(0, 1) if recurrent else None
+        return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}, carry
 
     off_policy = module.KIND == "off_policy"
     if compile:
@@ -173,8 +195,7 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
     def act(state, obs, carry=None, explore: bool = True):
         if act_keys is not None:   # fewer tensors for the compiled act to guard (fnrl.train.acting_on)
             state = state.select(*act_keys, strict=False)
-        action, extras = act_rows(state, obs, explore)
-        return action, extras, None
+        return act_rows(state, obs, carry if recurrent else None, explore)
 
     def update(state, rollout):
         if off_policy:  # a replay sample per row: [R, N]
@@ -183,6 +204,16 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         return update_rows(state, rollout.reshape(T, R, B).transpose(0, 1))
 
     return Agent(init=init, act=act, update=update)
+
+
+def sequence_input(module, rows: list[Row], rollout):
+    """`module.sequence_input` (r2d1) of each row's env columns of `rollout` [T, R * B] with the
+    row's own config, joined back: (rows to store [T, R * B], priority [R * B] or None)."""
+    B = rollout.batch_size[1] // len(rows)
+    parts = [module.sequence_input(row.config, rollout[:, r * B:(r + 1) * B]) for r, row in enumerate(rows)]
+    data = torch.cat([d for d, _ in parts], dim=1)
+    priority = None if parts[0][1] is None else torch.cat([p for _, p in parts])
+    return data, priority
 
 
 def split_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:

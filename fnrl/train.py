@@ -393,10 +393,13 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                 if getattr(module, "REPLAY", None) == "sequence":   # recurrent: sequence replay
                     from fnrl.replay import sequence as replay
 
-                    data, priority = module.sequence_input(config, rollout)
+                    data, priority = (vmapped.sequence_input(module, rows, rollout) if rows
+                                      else module.sequence_input(config, rollout))
                     sample_options = {}
                     if replay_state is None:
-                        replay_state = _init_sequence_replay(config, data, env.spec, device)
+                        replay_state = _init_sequence_replay(config, data, env.spec, device, rows)
+                    if rows:  # one sequence buffer per row, sampled as [R, L, N] (fnrl.replay.multi)
+                        from fnrl.replay import multi as replay
                     replay_state = replay.add(replay_state, data, priority)
                 else:
                     from fnrl import replay
@@ -510,16 +513,19 @@ def _init_replay(config, rollout, spec, device, rows=None):
     return replay.init(rollout, config.buffer_size, gamma=config.gamma, **options)
 
 
-def _init_sequence_replay(config, rollout, spec, device):
+def _init_sequence_replay(config, rollout, spec, device, seed_rows=None):
     """Sequence replay for algorithms that declare `REPLAY = "sequence"` (R2D1): sequences of
-    burn_in + seq_len + n_step rows starting every carry_interval rows."""
-    from fnrl.replay import sequence
+    burn_in + seq_len + n_step rows starting every carry_interval rows; for the rows of a
+    vmapped run, one such buffer per row (fnrl.replay.multi.init_sequence)."""
+    from fnrl.replay import multi, sequence
 
     rows = config.buffer_size // config.num_envs // config.carry_interval * config.carry_interval
-    return sequence.init(rollout, rows * config.num_envs, burn_in=config.burn_in, seq_len=config.seq_len,
-                         n_step=config.n_step, carry_interval=config.carry_interval,
-                         prioritized=config.prioritized, alpha=config.priority_alpha,
-                         frame_dedup=spec.is_atari, device=device)
+    options = dict(burn_in=config.burn_in, seq_len=config.seq_len, n_step=config.n_step,
+                   carry_interval=config.carry_interval, prioritized=config.prioritized,
+                   alpha=config.priority_alpha, frame_dedup=spec.is_atari, device=device)
+    if seed_rows:
+        return multi.init_sequence(rollout, rows * config.num_envs, num_rows=len(seed_rows), **options)
+    return sequence.init(rollout, rows * config.num_envs, **options)
 
 
 def _from_json(d: dict) -> dict:

@@ -55,7 +55,7 @@ def test_make_rows_orders_values_then_seeds_and_validates():
         (ppo, dict(sweep={"num_envs": [4, 8]}), "not a sweepable field"),
         (ppo, dict(sweep={"learning_rate": [-1.0]}), "positive"),
         (ppo, dict(num_seeds=2, config=dataclasses.replace(SMALL, core="lstm")), "feed-forward"),
-        (r2d1, dict(num_seeds=2, config=r2d1.Config()), "not supported"),
+        (r2d1, dict(num_seeds=2, config=r2d1.Config(), sweep={"gamma": [0.9, 0.99]}), "no sweepable fields"),
     ]:
         with pytest.raises(ConfigError, match=match):
             seeds.make_rows(bad, kwargs.pop("config", SMALL), 0, **{"num_seeds": 1, **kwargs})

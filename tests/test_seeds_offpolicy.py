@@ -252,7 +252,7 @@ def test_bad_combinations_are_one_line_errors(tmp_path, capsys):
         (["train", "dqn", "--num-seeds", "2", "--sampler", "async"], "serial sampler"),
         (["train", "dqn", "--sweep", "tau=0.1,0.5"], "not a sweepable field of dqn"),
         (["train", "sac", "--sweep", "lr=1e-3,1e-4"], "actor_lr"),
-        (["train", "r2d1", "--num-seeds", "2"], "not supported for r2d1"),
+        (["train", "r2d1", "--num-seeds", "2", "--sweep", "lr=1e-3,1e-4"], "r2d1 has no sweepable fields"),
         (["train", "impala", "--num-seeds", "2"], "not supported for impala"),
     ]:
         assert main(argv + tiny) == 2, argv

@@ -15,6 +15,14 @@ priorities are exactly those of the single run the row stands for. The API mirro
 `capacity` is per row (each row is a single run with that buffer size). Sampling draws
 each row's batch with `fnrl.replay.sample` (one compiled graph shared by all rows with
 `compiled=True`) and stacks them.
+
+Sequence replay (recurrent agents, R2D1) works the same way with one `fnrl.replay.sequence`
+buffer per row:
+
+    buffers = multi.init_sequence(rollout, capacity, num_rows=R, burn_in=..., seq_len=..., ...)
+    buffers = multi.add(buffers, rollout, priority)          # priority [R * B] or [T, R * B] or None
+    batch = multi.sample(buffers, batch_size, beta)          # TensorDict [R, L, N]
+    buffers = multi.update_priorities(buffers, batch["index"], priority)   # index [R, L, N], priority [R, N]
 """
 from __future__ import annotations
 
@@ -25,15 +33,22 @@ import torch
 from tensordict import TensorDictBase
 
 from fnrl.replay import buffer as replay
+from fnrl.replay import sequence
 
-__all__ = ["MultiBuffer", "init", "add", "sample", "update_priorities", "can_sample", "size", "row_columns"]
+__all__ = ["MultiBuffer", "init", "init_sequence", "add", "sample", "update_priorities", "can_sample", "size", "row_columns"]
 
 
 @dataclass(frozen=True)
 class MultiBuffer:
-    """R replay buffers; buffer r holds env columns r*B .. (r+1)*B - 1 of the rollouts."""
+    """R replay buffers (`fnrl.replay` or `fnrl.replay.sequence` ones); buffer r holds env
+    columns r*B .. (r+1)*B - 1 of the rollouts."""
 
     buffers: tuple
+
+    @property
+    def kind(self):
+        """The module of the row buffers: fnrl.replay.buffer or fnrl.replay.sequence."""
+        return sequence if isinstance(self.buffers[0], sequence.SequenceBuffer) else replay
 
     @property
     def num_rows(self) -> int:
@@ -68,14 +83,38 @@ def init(example: TensorDictBase, capacity: int, *, num_rows: int, gamma: float 
                              for r, g in enumerate(gammas)))
 
 
-def add(buffers: MultiBuffer, rollout: TensorDictBase, *, compiled: bool = False) -> MultiBuffer:
-    """Add each row's env columns of `rollout` [T, R * B] to its own buffer (`compiled`: as
-    in `fnrl.replay.add`)."""
+def init_sequence(example: TensorDictBase, capacity: int, *, num_rows: int, **options) -> MultiBuffer:
+    """R empty `fnrl.replay.sequence` buffers of `capacity` rows each for an example rollout [T, R * B].
+
+    options: those of `fnrl.replay.sequence.init` (burn_in, seq_len, n_step, carry_interval,
+    prioritized, alpha, frame_dedup, device), the same for every row.
+    """
+    if example.batch_dims != 2 or example.batch_size[1] % num_rows:
+        raise ValueError(f"example must be a rollout [T, R * B] with R={num_rows}, got {example.batch_size}")
+    B = example.batch_size[1] // num_rows
+    return MultiBuffer(tuple(sequence.init(row_columns(example, r, B), capacity, **options) for r in range(num_rows)))
+
+
+def add(buffers: MultiBuffer, rollout: TensorDictBase, priority: torch.Tensor | None = None, *,
+        compiled: bool = False) -> MultiBuffer:
+    """Add each row's env columns of `rollout` [T, R * B] to its own buffer (`compiled`: as in
+    `fnrl.replay.add`, for plain buffers).
+
+    priority (sequence buffers only): None, [R * B] or [T, R * B], the input priorities of
+    `fnrl.replay.sequence.add`; row r gets its columns r*B .. (r+1)*B - 1.
+    """
     if rollout.batch_dims != 2 or rollout.batch_size[1] != buffers.num_rows * buffers.num_envs:
         raise ValueError(f"rollout must be [T, {buffers.num_rows * buffers.num_envs}] "
                          f"(R={buffers.num_rows} rows of B={buffers.num_envs} envs), got {rollout.batch_size}")
     B = buffers.num_envs
-    return MultiBuffer(tuple(replay.add(buf, row_columns(rollout, r, B), compiled=compiled) for r, buf in enumerate(buffers.buffers)))
+    if buffers.kind is replay:
+        if priority is not None:
+            raise ValueError("input priorities are for sequence buffers (multi.init_sequence)")
+        return MultiBuffer(tuple(replay.add(buf, row_columns(rollout, r, B), compiled=compiled)
+                                 for r, buf in enumerate(buffers.buffers)))
+    return MultiBuffer(tuple(
+        sequence.add(buf, row_columns(rollout, r, B), None if priority is None else priority[..., r * B:(r + 1) * B])
+        for r, buf in enumerate(buffers.buffers)))
 
 
 def can_sample(buffers: MultiBuffer, batch_size: int) -> bool:
@@ -87,17 +126,25 @@ def can_sample(buffers: MultiBuffer, batch_size: int) -> bool:
 def sample(buffers: MultiBuffer, batch_size: int, beta: float | torch.Tensor = 0.4, *,
            compiled: bool = False) -> TensorDictBase:
     """One batch per row, stacked: TensorDict [R, N]; batch[r] is `fnrl.replay.sample` of buffer r
-    (keys, n-step targets and importance weights as there; `index` indexes buffer r)."""
+    (keys, n-step targets and importance weights as there; `index` indexes buffer r).
+    Sequence buffers: TensorDict [R, L, N], batch[r] is `fnrl.replay.sequence.sample` of buffer r
+    (`compiled` is ignored)."""
+    if buffers.kind is sequence:
+        return torch.stack([sequence.sample(buf, batch_size, beta) for buf in buffers.buffers])
     return torch.stack([replay.sample(buf, batch_size, beta, compiled=compiled) for buf in buffers.buffers])
 
 
 def update_priorities(buffers: MultiBuffer, index: torch.Tensor, priority: torch.Tensor) -> MultiBuffer:
-    """Row r's sampled rows index[r] [N] get priorities from TD errors priority[r] [N]."""
+    """Row r's sampled rows index[r] [N] get priorities from TD errors priority[r] [N].
+    Sequence buffers: index [R, L, N] (a sample's `index`, read at [:, 0]) or [R, N]; priority
+    [R, N], one per sequence."""
+    if buffers.kind is sequence and index.ndim == 3:
+        index = index[:, 0]
     if index.shape != priority.shape or index.ndim != 2 or index.shape[0] != buffers.num_rows:
         raise ValueError(f"index and priority must both be [R={buffers.num_rows}, N]; got "
                          f"{tuple(index.shape)} and {tuple(priority.shape)}")
-    return MultiBuffer(tuple(replay.update_priorities(buf, i, p) for buf, i, p in zip(buffers.buffers, index,
-                                                                                       priority)))
+    return MultiBuffer(tuple(buffers.kind.update_priorities(buf, i, p) for buf, i, p in zip(buffers.buffers, index,
+                                                                                             priority)))
 
 
 def size(buffers: MultiBuffer) -> int:
