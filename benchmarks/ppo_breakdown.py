@@ -3,7 +3,7 @@
 PPO CartPole-v1 with purejaxrl's settings (64 envs x 128 steps, 4 epochs x 4 minibatches
 of 2048) and CleanRL's (4 envs x 128 steps, minibatches of 128), 64-64 tanh MLPs. One
 iteration = collect a [128, B] rollout + one update, as `fnrl.train` runs it. Variants,
-measured in alternating rounds in one process (so load hits them alike):
+each in its own process, one after the other:
 
 - `serial, compiled act`: as `fnrl train` runs it: the serial sampler, `act` compiled and
   given only `ppo.ACT_KEYS` of the state, the compiled update (`prepare` + all minibatch
@@ -19,14 +19,16 @@ step; for the alternating sampler, the time spent waiting in `recv`), `sampler +
 the rollout buffer), `update`, `rest` (the loop around them), and the SPS that results.
 `raw EnvPool` is 128 random-action steps of the same envs (the ceiling).
 
-    python benchmarks/ppo_breakdown.py [--rounds 5] [--threads 1] [--out FILE]
+    python benchmarks/ppo_breakdown.py [--iterations 10] [--threads 1] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -90,8 +92,10 @@ class Variant:
         agent = ppo.make(config, env.spec, compile=False)
         self.state = agent.init(0)
         self.timed = Timed()
-        act = acting_on(ppo.ACT_KEYS, torch.compile(agent.act, fullgraph=True, dynamic=False)) if compile_act \
-            else agent.act
+        act = agent.act
+        if compile_act:   # as fnrl.train._make_agent compiles it
+            act = acting_on(ppo.ACT_KEYS, torch.compile(agent.act, fullgraph=True, dynamic=False,
+                                                        options={"cpp_wrapper": True}))
         self.sampler = samplers.make(sampler, env, self.timed.wrap(act, "act"), config.num_steps)
         for e in getattr(self.sampler, "envs", [env]):
             e.raw = TimedRaw(e.raw, self.timed)
@@ -142,21 +146,31 @@ def raw_rollout_ms(num_envs: int, rounds: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def measure(num_envs: int, rounds: int) -> tuple[dict, float]:
-    config = ppo.Config(**SETTINGS, num_envs=num_envs)
-    spec = envs.env_spec(config.env_id, num_envs)
-    compiled_update = ppo.make(config, spec, compile=True).update
-    eager_update = ppo.make(config, spec, compile=False).update
-    variants = [Variant("serial, compiled act", num_envs, "serial", True, compiled_update),
-                Variant("serial, eager act", num_envs, "serial", False, compiled_update),
-                Variant("alternating, eager act", num_envs, "alternating", False, compiled_update),
-                Variant("eager act, eager update", num_envs, "serial", False, eager_update)]
+VARIANTS = {"serial, compiled act": ("serial", True, True),
+            "serial, eager act": ("serial", False, True),
+            "alternating, eager act": ("alternating", False, True),
+            "eager act, eager update": ("serial", False, False)}
 
-    for _ in range(rounds):
-        for v in variants:
-            for _ in range(3 if v.steps < 2048 else 1):
-                v.iteration()
-    return {v.name: v.row() for v in variants}, raw_rollout_ms(num_envs, rounds)
+
+def measure_variant(name: str, num_envs: int, iterations: int) -> dict:
+    """One variant in this (fresh) process: `iterations` warm iterations after two warm-up ones."""
+    sampler, compile_act, compile_update = VARIANTS[name]
+    config = ppo.Config(**SETTINGS, num_envs=num_envs)
+    update = ppo.make(config, envs.env_spec(config.env_id, num_envs), compile=compile_update).update
+    v = Variant(name, num_envs, sampler, compile_act, update)
+    for _ in range(iterations):
+        v.iteration()
+    return v.row()
+
+
+def measure(num_envs: int, iterations: int) -> tuple[dict, float]:
+    """Each variant in its own process, one after the other (as `fnrl bench` runs contenders)."""
+    rows = {}
+    for name in VARIANTS:
+        out = subprocess.run([sys.executable, __file__, "--variant", name, "--num-envs", str(num_envs),
+                              "--iterations", str(iterations)], capture_output=True, text=True, check=True)
+        rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    return rows, raw_rollout_ms(num_envs, 3)
 
 
 def table(num_envs: int, rows: dict, raw_ms: float) -> list[str]:
@@ -173,21 +187,26 @@ def table(num_envs: int, rows: dict, raw_ms: float) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=10, help="measured iterations at 64 envs (x8 at 4)")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--num-envs", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUTPUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.variant:   # a child process: one variant, its row as JSON on the last line
+        print(json.dumps(measure_variant(args.variant, args.num_envs, args.iterations)))
+        return
     t0, start_load = time.perf_counter(), load()
     lines = ["# PPO CartPole: where an iteration's time goes", "",
              f"Machine: nproc={os.cpu_count()}, CPU: {cpu_model()}, GPU: none (CPU only), torch {torch.__version__} "
              f"({torch.get_num_threads()} intra-op thread(s)), Python {platform.python_version()}.",
              f"Load average at start: {start_load}.", "",
              "Milliseconds per iteration (collect a [128, B] rollout + one update of 4 epochs x 4 minibatches), "
-             "means over the measured iterations, the variants run in alternating rounds; shares of the iteration in brackets. See the script's docstring "
-             "for the columns.", ""]
+             "means over the measured iterations after two warm-up ones, each variant in its own process; shares of "
+             "the iteration in brackets. See the script's docstring for the columns.", ""]
     for num_envs in (64, 4):
-        rows, raw_ms = measure(num_envs, args.rounds)
+        rows, raw_ms = measure(num_envs, args.iterations * (1 if num_envs >= 16 else 8))
         lines += table(num_envs, rows, raw_ms)
     lines.append(f"Load average at end: {load()}; whole run {time.perf_counter() - t0:.0f} s. "
                  f"Generated by `python benchmarks/ppo_breakdown.py`.")
