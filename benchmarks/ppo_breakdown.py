@@ -85,8 +85,8 @@ class TimedRaw:
 class Variant:
     """One way of running PPO iterations: a sampler kind, act compiled or not."""
 
-    def __init__(self, name, num_envs, sampler, compile_act, update, update_threads=None):
-        self.name, self.update_threads = name, update_threads
+    def __init__(self, name, num_envs, sampler, compile_act, update):
+        self.name = name
         config = ppo.Config(**SETTINGS, num_envs=num_envs)
         env = envs.make(config.env_id, num_envs, seed=0)
         agent = ppo.make(config, env.spec, compile=False)
@@ -114,11 +114,7 @@ class Variant:
         with _steady(warm):
             rollout = self.collect(self.state)
             self.state["env_steps"] += self.steps
-            threads = torch.get_num_threads()
-            if self.update_threads:
-                torch.set_num_threads(self.update_threads)
             self.state, _ = self.update(self.state, rollout)
-            torch.set_num_threads(threads)
         self.seconds += time.perf_counter() - t
         self.iterations += 1
 
