@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 import torch
 
+from fnrl import aot
 from fnrl.algos.common import Agent
 from fnrl.errors import ConfigError
 
@@ -186,9 +187,10 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}, carry
 
     off_policy = module.KIND == "off_policy"
+    randomness = {"fallback_random": True} if off_policy else {}
+    eager_act_rows = act_rows
     if compile:
-        act_rows = torch.compile(act_rows, fullgraph=True, dynamic=False,
-                                 options={"fallback_random": True} if off_policy else None)
+        act_rows = torch.compile(act_rows, fullgraph=True, dynamic=False, options=randomness or None)
 
     act_keys = getattr(module, "ACT_KEYS", None)
 
@@ -196,6 +198,9 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         if act_keys is not None:   # fewer tensors for the compiled act to guard (fnrl.train.acting_on)
             state = state.select(*act_keys, strict=False)
         return act_rows(state, obs, carry if recurrent else None, explore)
+
+    if compile and not recurrent and aot.ENABLED:   # the sampler's calls ahead of time (fnrl.aot)
+        act = aot.AotAct(eager_act_rows, act_keys, act, randomness)
 
     def update(state, rollout):
         if off_policy:  # a replay sample per row: [R, N]

@@ -29,6 +29,13 @@ def test_compiled_act_equals_eager_without_recompiles(name, env_id):
             torch.testing.assert_close(a_compiled, a_eager)
             obs = env.step(a_eager)["obs"]
             state["env_steps"] += 1
+        assert compiled.act.run is not None   # served by the AOTInductor model (fnrl.aot), no Dynamo graph
+        assert counters["stats"]["unique_graphs"] == 0
+        for t in range(3):   # evaluation acting goes to the torch.compile'd act
+            torch.manual_seed(t)
+            a_eager = eager.act(state, obs, None, False)[0]
+            torch.manual_seed(t)
+            torch.testing.assert_close(compiled.act(state, obs, None, False)[0], a_eager)
     assert counters["stats"]["unique_graphs"] == 1   # one graph: no recompile after the first call
 
 
@@ -90,3 +97,46 @@ def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp
         states.append(result.state)
         assert result.history[-1]["updates"] > (150 if name == "dqn" else 5)
     torch.testing.assert_close(states[1]["params"], states[0]["params"], rtol=0, atol=0)
+
+
+def test_aot_act_serves_training_calls_and_caches_its_package(monkeypatch, tmp_path):
+    """AotAct: the AOTInductor model gives eager's outputs; other calls go to the fallback; a
+    second AotAct of the same policy loads the cached package instead of compiling."""
+    from tensordict import TensorDict
+
+    from fnrl.aot import AotAct
+
+    monkeypatch.setenv("FNRL_CACHE_DIR", str(tmp_path))
+
+    def act(state, obs, carry, explore):
+        h = torch.tanh(obs @ state["params", "w"]) * state["scale"]
+        return h.argmax(-1), {"value": h.sum(-1), "logp": h[:, 0]}, carry
+
+    def fallback(state, obs, carry, explore):
+        calls.append((obs.shape, carry, explore))
+        return act(state, obs, carry, explore)
+
+    calls = []
+    state = TensorDict({"params": {"w": torch.randn(3, 5)}, "scale": torch.tensor(2.0),
+                        "opt": {"m": torch.zeros(5)}}, [])
+    obs = torch.randn(4, 3)
+    aot = AotAct(act, ("params", "scale"), fallback)
+    for _ in range(2):
+        got, want = aot(state, obs, None, True), act(state, obs, None, True)
+        torch.testing.assert_close(got[0], want[0])
+        assert list(got[1]) == ["value", "logp"] and got[2] is None
+        torch.testing.assert_close(got[1], want[1])
+        state["params", "w"] = torch.randn(3, 5)   # new parameters are read on every call
+    assert calls == [] and aot.leaf_keys == [("params", "w"), "scale"]
+    aot(state, torch.randn(2, 3), None, True)          # another batch size
+    aot(state, obs, None, False)                        # evaluation
+    aot(state, obs, torch.zeros(4), True)               # a carry
+    assert [c[2] for c in calls] == [True, False, True]
+    assert len(list((tmp_path / "aoti").glob("*.pt2"))) == 1
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled again instead of loading the cached package")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compile)
+    again = AotAct(act, ("params", "scale"), fallback)
+    torch.testing.assert_close(again(state, obs, None, True)[1], act(state, obs, None, True)[1])

@@ -1,7 +1,9 @@
+import numpy as np
 import pytest
 import torch
 
 from fnrl import envs
+from fnrl.envs.batched import EnvPoolCalls
 from fnrl.errors import ConfigError
 from fnrl.returns import gae
 from fnrl.samplers import SerialSampler
@@ -115,3 +117,34 @@ def test_ppo_runs_on_pong(tmp_path):
                    tensorboard=False, plot=False)
     assert result.history[-1]["env_steps"] == 384
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.history)
+
+
+@pytest.mark.parametrize("env_id, num_envs", [("CartPole-v1", 3), ("Pong-v5", 2), ("Pendulum-v1", 2)])
+def test_envpool_direct_calls_match_envpool_wrapper(env_id, num_envs):
+    """BatchedEnv steps EnvPool through its C++ send / recv (EnvPoolCalls); the same seed
+    and actions through EnvPool's own gymnasium `step` give the same arrays, step for step,
+    across episode ends (short CartPole episodes under constant actions) and Atari's info."""
+    import envpool
+
+    fast = envs.make(env_id, num_envs, seed=3)
+    assert isinstance(fast._calls, EnvPoolCalls)
+    kwargs = {"episodic_life": True, "reward_clip": True} if env_id == "Pong-v5" else {}
+    wrapped = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=3, **kwargs)
+    fast.reset()
+    wrapped.reset()
+    rng = np.random.default_rng(0)
+    space = wrapped.action_space
+    for t in range(60):
+        if fast.spec.discrete:
+            action = np.full(num_envs, t % 2 if env_id == "CartPole-v1" else rng.integers(space.n), np.int32)
+        else:
+            action = rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(space.dtype)
+        obs, reward, terminated, truncated, info = wrapped.step(action)
+        got = fast._calls.step(action)
+        for a, b in zip((obs, reward, terminated, truncated), got[:4]):
+            np.testing.assert_array_equal(a, b)
+        for k, v in got[4].items():
+            np.testing.assert_array_equal(info[k], v)
+    assert set(got[4]) == ({"reward", "terminated"} if env_id == "Pong-v5" else set())
+    fast.close()
+    wrapped.close()

@@ -415,6 +415,11 @@ def test_errors():
         replay.add(buffer, rollout.clone().set("obs", torch.zeros(8, 2, 4)))
     with pytest.raises(ValueError, match="num_envs=2"):
         replay.add(buffer, rollout[:, :1])
+    reused = rollout.clone()   # a sampler's rollout: checked once, re-checked when its keys change
+    buffer = replay.add(replay.add(buffer, reused), reused)
+    reused.set("extra", torch.zeros(8, 2))
+    with pytest.raises(ValueError, match="unexpected"):
+        replay.add(buffer, reused)
     with pytest.raises(ValueError, match="prioritized=True"):
         replay.update_priorities(buffer, torch.tensor([0]), torch.tensor([1.0]))
 

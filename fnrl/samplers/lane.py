@@ -114,10 +114,14 @@ class Lane:
         self._view = buffer.view(self.columns)
         self._obs_buf = buffer.obs[:, self.columns]
         self._writes = {k: v for k, v in self._view.items() if k not in ("obs", "next_obs")}
-        # numpy views of the CPU buffers: the env's numpy outputs are written without torch
+        # numpy views of the CPU buffers: the env's numpy outputs (and the policy's tensors, as
+        # numpy views) are written without torch's indexing, ~0.5 instead of ~4 us a write
         on_cpu = self._obs_buf.device.type == "cpu"
         self._np_writes = {k: self._writes[k].numpy() for k in STEP_KEYS} if on_cpu else None
         self._np_obs = self._obs_buf.numpy() if on_cpu and isinstance(self._obs_buf, torch.Tensor) else None
+        self._np_policy = ({k: v.numpy() for k, v in self._writes.items()
+                            if k not in STEP_KEYS and isinstance(v, torch.Tensor)} if on_cpu else {})
+        self._obs_rows = self._obs_buf.unbind(0)   # obs[t] views
 
     def begin(self) -> None:
         """Start a collect: obs[0] is the last observation of the previous one."""
@@ -165,13 +169,21 @@ class Lane:
             self._obs_buf[t + 1] = step["obs"]
             for k in STEP_KEYS:
                 w[k][t] = step[k]
-        w["action"][t] = action
+        self._write(t, "action", action)
         for k, v in extras.items():
-            w[k][t] = v
+            self._write(t, k, v)
         if self.buffer.recurrent:
-            w["reset"][t] = reset
-        self._obs = self._obs_buf[t + 1]
+            self._write(t, "reset", reset)
+        self._obs = self._obs_rows[t + 1]
         self._collected = True
+
+    def _write(self, t: int, key: str, value) -> None:
+        view = self._np_policy.get(key)
+        if view is not None and isinstance(value, torch.Tensor) and value.device.type == "cpu" \
+                and not value.requires_grad:
+            view[t] = value.numpy()
+        else:
+            self._writes[key][t] = value
 
     @property
     def rollout(self) -> TensorDict | None:
