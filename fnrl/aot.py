@@ -150,7 +150,14 @@ class AotAct:
                           "using torch.compile", stacklevel=3)
             self.failed = True
             return
-        runner = torch._inductor.aoti_load_package(compile_package(program, self.options))
+        try:
+            path = compile_package(program, self.options)
+        except RuntimeError as e:   # e.g. a state tensor captured as a constant (escaped a vmap): not servable
+            warnings.warn(f"acting is not ahead-of-time compiled ({str(e).splitlines()[0][:200]}); "
+                          "using torch.compile", stacklevel=3)
+            self.failed = True
+            return
+        runner = torch._inductor.aoti_load_package(path)
         loader = getattr(runner, "loader", None)
         self.run = loader.run if loader is not None else (lambda args: runner(*args))
         self.extra_keys = tuple(extras.keys())

@@ -48,6 +48,7 @@ import inspect
 from typing import NamedTuple
 
 import torch
+from tensordict import TensorDict
 
 from fnrl import aot
 from fnrl.algos.common import Agent
@@ -177,12 +178,13 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
 
     def act_rows(state, obs, carry, explore: bool):
         def one(s, o, c):
-            action, extras, next_carry = single_act(s, o, c, explore)
+            action, extras, next_carry = single_act(TensorDict(s, batch_size=[]), o, c, explore)
             return action, dict(extras), (next_carry if recurrent else ())
 
         carry = carry.reshape(R, B) if carry is not None else None
+        # the state goes in as nested dicts, which vmap batches as a pytree (traceable by torch.export)
         action, extras, carry = torch.func.vmap(one, (0, 0, None if carry is None else 0), randomness="different")(
-            state, obs.reshape(R, B, *obs.shape[1:]), carry)
+            state.to_dict(), obs.reshape(R, B, *obs.shape[1:]), carry)
         carry = carry.flatten(0, 1) if recurrent else None
         return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}, carry
 

@@ -29,6 +29,8 @@ def test_compiled_act_equals_eager_without_recompiles(name, env_id):
             torch.testing.assert_close(a_compiled, a_eager)
             obs = env.step(a_eager)["obs"]
             state["env_steps"] += 1
+            if t == 30:   # new parameters: both act with them
+                state["params"] = state["params"].apply(lambda p: p + 0.05 * torch.randn_like(p))
         assert compiled.act.run is not None   # served by the AOTInductor model (fnrl.aot), no Dynamo graph
         assert counters["stats"]["unique_graphs"] == 0
         for t in range(3):   # evaluation acting goes to the torch.compile'd act
