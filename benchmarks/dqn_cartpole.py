@@ -144,7 +144,8 @@ def breakdown(config: dqn.Config, reps: int) -> list[tuple[str, float, str]]:
     obs = env.reset()["obs"]
     rows = []
     act_eager = median_us(lambda: agent.act(state, obs, None, True), reps)
-    compiled_act = torch.compile(agent.act, fullgraph=True, options={"fallback_random": True})  # as fnrl.train
+    # fnrl.train acts through fnrl.aot.AotAct; this is its torch.compile fallback
+    compiled_act = torch.compile(agent.act, fullgraph=True, options={"fallback_random": True})
     act_compiled = median_us(lambda: compiled_act(state, obs, None, True), reps)
     action = agent.act(state, obs, None, True)[0]
     step = median_us(lambda: env.step(action), reps)

@@ -5,8 +5,8 @@ of 2048) and CleanRL's (4 envs x 128 steps, minibatches of 128), 64-64 tanh MLPs
 iteration = collect a [128, B] rollout + one update, as `fnrl.train` runs it. Variants,
 each in its own process, one after the other:
 
-- `serial, compiled act`: as `fnrl train` runs it: the serial sampler, `act` compiled and
-  given only `ppo.ACT_KEYS` of the state, the compiled update (`prepare` + all minibatch
+- `serial, compiled act`: as `fnrl train` runs it: the serial sampler, `act` compiled ahead
+  of time (`fnrl.aot.AotAct`) on `ppo.ACT_KEYS` of the state, the compiled update (`prepare` + all minibatch
   steps in one `scan`), TorchDynamo's guard checks skipped once warm (`fnrl.train._steady`);
 - `serial, eager act`: the same with `act` eager (`fnrl.nets.call` swaps the parameters
   straight into the modules);
@@ -39,6 +39,7 @@ import torch
 
 from fnrl import envs, samplers
 from fnrl.algos import ppo
+from fnrl.aot import AotAct
 from fnrl.train import _steady, acting_on
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,7 +76,7 @@ class TimedRaw:
 
     def __init__(self, raw, timed: Timed):
         self._raw = raw
-        for name in ("step", "send", "recv"):
+        for name in ("step", "send", "recv", "_send", "_recv"):   # _send/_recv: fnrl.envs.batched.EnvPoolCalls
             setattr(self, name, timed.wrap(getattr(raw, name), "raw_env"))
 
     def __getattr__(self, name):
@@ -94,8 +95,9 @@ class Variant:
         self.timed = Timed()
         act = agent.act
         if compile_act:   # as fnrl.train._make_agent compiles it
-            act = acting_on(ppo.ACT_KEYS, torch.compile(agent.act, fullgraph=True, dynamic=False,
-                                                        options={"cpp_wrapper": True}))
+            fallback = acting_on(ppo.ACT_KEYS, torch.compile(agent.act, fullgraph=True, dynamic=False,
+                                                             options={"cpp_wrapper": True}))
+            act = AotAct(agent.act, ppo.ACT_KEYS, fallback)
         self.sampler = samplers.make(sampler, env, self.timed.wrap(act, "act"), config.num_steps)
         for e in getattr(self.sampler, "envs", [env]):
             e.raw = TimedRaw(e.raw, self.timed)

@@ -106,11 +106,14 @@ class Timers(dict):
 
 
 class _TimedRaw:
-    """Stands in for an EnvPool env, timing its `step` (the C++ stepping alone)."""
+    """Stands in for an EnvPool env, timing its `step` (the C++ stepping alone; `_send` and
+    `_recv` where fnrl.envs.batched.EnvPoolCalls calls them directly)."""
 
     def __init__(self, raw, timers: Timers):
         self._raw = raw
         self.step = timers.wrap(raw.step, "raw_env")
+        self._send = timers.wrap(raw._send, "raw_env")
+        self._recv = timers.wrap(raw._recv, "raw_env")
 
     def __getattr__(self, name):
         return getattr(self._raw, name)
