@@ -26,6 +26,7 @@ eager `act` draws under the same seed.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import tempfile
@@ -76,19 +77,25 @@ def _package_key(program: torch.export.ExportedProgram, options: dict) -> str:
 
 def compile_package(program: torch.export.ExportedProgram, options: dict) -> str:
     """The path of `program` compiled by AOTInductor with `options`: from the cache, or compiled
-    now and written there atomically (concurrent processes may compile the same one)."""
+    now and written there atomically; processes that want the same package at the same time
+    (data-parallel ranks, test workers) wait for the first one's compile (a file lock)."""
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{_package_key(program, options)}.pt2"
-    if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".pt2")
-        os.close(fd)
-        try:
-            torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=dict(options))
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+    key = _package_key(program, options)
+    path = directory / f"{key}.pt2"
+    if path.exists():
+        return str(path)
+    with open(directory / f".{key}.lock", "w") as lock:   # one process compiles, the others wait and load
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".pt2")
+            os.close(fd)
+            try:
+                torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=dict(options))
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
     return str(path)
 
 
