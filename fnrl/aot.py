@@ -126,6 +126,8 @@ class AotAct:
     options: Inductor options for the compile (e.g. `{"fallback_random": True}`).
 
     The model is exported and compiled at the first call it serves (or loaded from the cache).
+    Tensors `act` reads from anywhere but `state` (a closure, a module attribute) are baked
+    into the model as constants: whatever changes between calls must live in the state.
     """
 
     def __init__(self, act: Callable, keys, fallback: Callable, options: dict | None = None):
