@@ -101,8 +101,8 @@ def _make_agent(module, config, spec, compile: bool):
     `compile=`; otherwise the whole update is compiled here. Acting is compiled too.
 
     Compiled acting is ahead of time (`fnrl.aot.AotAct`: the sampler's calls go straight to
-    an AOTInductor model, ~60 instead of ~220 us per call for a 4-env MLP policy on this
-    2-core CPU), with a `torch.compile`d `act` for the calls that model does not serve
+    an AOTInductor model; 14.5 instead of 43.7 ms of acting per 4-env x 128-step PPO rollout
+    in benchmarks/ppo_breakdown.md), with a `torch.compile`d `act` for the calls that model does not serve
     (evaluation, recurrent carries). Off-policy acting is compiled with Inductor's
     `fallback_random`, so it draws exactly the random numbers eager acting draws (same
     exploration as `compile=False`); the `torch.compile`d fallback uses `cpp_wrapper`

@@ -141,4 +141,6 @@ def test_aot_act_serves_training_calls_and_caches_its_package(monkeypatch, tmp_p
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compile)
     again = AotAct(act, ("params", "scale"), fallback)
+    calls.clear()
     torch.testing.assert_close(again(state, obs, None, True)[1], act(state, obs, None, True)[1])
+    assert again.run is not None and not again.failed and calls == []   # served by the loaded package
