@@ -42,7 +42,8 @@ def load() -> str:
 def raw_envpool(seconds: float) -> float:
     import envpool
 
-    env = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=16, seed=0)
+    env = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=16, seed=0,
+                       num_threads=envs.envpool_threads("CartPole-v1"))   # as fnrl's envs step
     env.reset()
     steps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:

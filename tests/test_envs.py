@@ -148,3 +148,16 @@ def test_envpool_direct_calls_match_envpool_wrapper(env_id, num_envs):
     assert set(got[4]) == ({"reward", "terminated"} if env_id == "Pong-v5" else set())
     fast.close()
     wrapped.close()
+
+
+def test_envpool_threads_default_to_one_for_classic_control_only():
+    """Classic-control steps are cheaper than a thread hand-off: one EnvPool thread; Atari keeps
+    EnvPool's default (0: one per core); an explicit num_threads wins."""
+    assert envs.envpool_threads("CartPole-v1") == 1 and envs.envpool_threads("Pendulum-v1") == 1
+    assert envs.envpool_threads("Pong-v5") == 0 and envs.envpool_threads("HalfCheetah-v4") == 0
+    env = envs.make("CartPole-v1", 2)
+    assert env.raw.config["num_threads"] == 1
+    env.close()
+    env = envs.make("CartPole-v1", 2, num_threads=2)
+    assert env.raw.config["num_threads"] == 2
+    env.close()
