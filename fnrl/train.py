@@ -174,7 +174,22 @@ def _check_finite(metrics, env_steps: int, last_checkpoint) -> dict:
     return scalars
 
 
-def train(name: str, config=None, *, nproc: int | None = None, **kwargs) -> TrainResult:
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    """Set environment variable `name` (seen by this process and the ones it starts) for a while."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def train(name: str, config=None, *, nproc: int | None = None, env_threads: int | None = None,
+          **kwargs) -> TrainResult:
     """Train algorithm `name` with `config` (default: the algorithm's defaults).
 
     nproc: run N data-parallel processes on this machine (fnrl.distributed; gradients averaged
@@ -182,8 +197,15 @@ def train(name: str, config=None, *, nproc: int | None = None, **kwargs) -> Trai
         process calling `train` is one rank of the run. Distributed runs: `config.total_steps`
         is the whole run's budget (each rank steps total_steps / N); every other field is per
         rank (num_envs, batch_size, buffer_size, learning_starts).
+    env_threads: EnvPool threads of every env of the run, in every process (default:
+        `fnrl.envs.envpool_threads`: 1 for classic-control tasks, one per core otherwise).
     Other keywords: see `_train`.
     """
+    if env_threads is not None:
+        if env_threads < 0:
+            raise ConfigError(f"--env-threads must be >= 0 (0: one per core), got {env_threads}")
+        with _environ(envs.ENV_THREADS_VAR, str(env_threads)):
+            return train(name, config, nproc=nproc, **kwargs)
     if nproc is not None and nproc != 1:
         from fnrl.distributed.launch import train_processes
 

@@ -18,6 +18,7 @@ TINY = ["--total-steps", "512", "--num-envs", "4", "--num-steps", "32", "--updat
     (["train", "ppo", "--learning-rat", "1e-3"], "unrecognized arguments"),
     (["train", "ppo", "--log-dir", "/nonexistent-parent/run"], "log dir parent"),
     (["train", "dqn", "--env", "Pendulum-v1"], "discrete action space"),
+    (["train", "ppo", "--env-threads", "-1"], "--env-threads must be >= 0"),
     (["eval", "/nonexistent/checkpoint.pt"], "no checkpoint"),
     (["frobnicate"], "unknown command"),
 ])

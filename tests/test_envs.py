@@ -150,7 +150,7 @@ def test_envpool_direct_calls_match_envpool_wrapper(env_id, num_envs):
     wrapped.close()
 
 
-def test_envpool_threads_default_to_one_for_classic_control_only():
+def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
     """Classic-control steps are cheaper than a thread hand-off: one EnvPool thread; Atari keeps
     EnvPool's default (0: one per core); an explicit num_threads wins."""
     assert envs.envpool_threads("CartPole-v1") == 1 and envs.envpool_threads("Pendulum-v1") == 1
@@ -159,5 +159,9 @@ def test_envpool_threads_default_to_one_for_classic_control_only():
     assert env.raw.config["num_threads"] == 1
     env.close()
     env = envs.make("CartPole-v1", 2, num_threads=2)
+    assert env.raw.config["num_threads"] == 2
+    env.close()
+    monkeypatch.setenv(envs.ENV_THREADS_VAR, "2")   # what `fnrl train --env-threads 2` sets for the run
+    env = envs.make("CartPole-v1", 2)
     assert env.raw.config["num_threads"] == 2
     env.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 from functools import lru_cache
 
 import gymnasium as gym
@@ -43,6 +44,8 @@ def _is_atari(env_id: str) -> bool:
     return env_id in _envpool_ids() and "stack_num" in envpool.make_spec(env_id).config._fields
 
 
+ENV_THREADS_VAR = "FNRL_ENV_THREADS"
+"""Environment variable: EnvPool threads for every env fnrl makes (what `--env-threads` sets)."""
 CHEAP_ENVPOOL_FAMILIES = ("envpool.classic_control", "envpool.toy_text")
 """EnvPool task families whose step costs well under a microsecond per env."""
 
@@ -57,9 +60,13 @@ def envpool_threads(env_id: str) -> int:
     with 1 thread and 48,000 with the default at 4 envs, and a 64-env PPO rollout step
     (act + env + writes) fell from about 300-370 to 273 us. Atari and MuJoCo steps are
     heavy enough to gain from more threads (Pong, 8 envs: 3,650 SPS by default, 2,170
-    with 1 thread). Pass `num_threads=` to `make` to choose yourself."""
+    with 1 thread). `$FNRL_ENV_THREADS` (`fnrl train --env-threads N`) overrides this for
+    every env; `num_threads=` passed to `make` overrides both."""
     from envpool.registration import registry
 
+    forced = os.environ.get(ENV_THREADS_VAR)
+    if forced:
+        return int(forced)
     entry = registry.specs.get(env_id)
     return 1 if entry is not None and entry[0] in CHEAP_ENVPOOL_FAMILIES else 0
 
