@@ -23,7 +23,7 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "env_threads", "quiet", "stop_return",
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "update_threads", "env_threads", "quiet", "stop_return",
                 "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep",
                 "nproc", "sampler_workers")
 
@@ -97,6 +97,9 @@ def _train(argv: list[str]) -> int:
                         help="torch.compile the update and acting steps (default: on)")
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue the run in DIR from its checkpoint")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--update-threads", type=int, default=None, metavar="N",
+                        help="torch intra-op threads while updating (default: every core for on-policy "
+                             "minibatches of >= 1024 rows, else --threads)")
     parser.add_argument("--env-threads", type=int, default=None, metavar="N",
                         help="EnvPool threads per env pool, 0 for one per core (default: 1 for classic-control "
                              "tasks, whose steps cost less than a thread hand-off; one per core otherwise)")

@@ -155,6 +155,39 @@ def _steady(warm: bool):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
 
 
+UPDATE_ROWS_FOR_ALL_CORES = 1024
+"""On-policy minibatches of at least this many rows (all vmapped rows together) update on every core."""
+
+
+def update_threads_for(config, off_policy: bool, width: int, threads: int | None) -> int | None:
+    """The torch intra-op threads of the update when `--update-threads` is not given.
+
+    The env is idle while an on-policy update runs, so its minibatch GEMMs can have every
+    core. That pays from about a thousand rows: PPO CartPole with 2048-row minibatches
+    (64 envs x 128, 4 minibatches) updated 1.4x faster on 2 threads than on 1, 1024 rows
+    1.17x; 128 rows (CleanRL's 4 envs) ran 0.9x as fast and fnrl's default 256 rows 0.84x
+    (compiled, interleaved in one process, 2 cores). Off-policy updates (batches of
+    128-256 rows, one per env step or so) keep `threads`."""
+    if threads is None or off_policy:
+        return threads
+    rows = config.num_envs * config.num_steps // getattr(config, "num_minibatches", 1) * width
+    return len(os.sched_getaffinity(0)) if rows >= UPDATE_ROWS_FOR_ALL_CORES else threads
+
+
+@contextlib.contextmanager
+def _intra_op_threads(n: int | None):
+    """torch's intra-op threads set to `n` for a while (a no-op for None or the current count)."""
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _finite_metrics(metrics) -> dict:
     return {k: float(v) for k, v in metrics.items() if torch.is_tensor(v) and v.ndim == 0}
 
@@ -221,9 +254,9 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
 
 def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
            quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
-           threads: int | None = 1, tensorboard: bool = True, plot: bool = True,
-           stop_return: float | None = None, eval_interval: int | None = None, eval_episodes: int = 10,
-           sampler: str = "serial", sampler_workers: int | None = None, num_seeds: int = 1,
+           threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
+           plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
+           eval_episodes: int = 10, sampler: str = "serial", sampler_workers: int | None = None, num_seeds: int = 1,
            sweep: dict | None = None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`.
 
@@ -231,6 +264,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     checkpoint_every: env steps between checkpoints (default: 10 per run, and the end).
     threads: torch intra-op threads (1 suits small networks on a few cores; None keeps
         torch's default).
+    update_threads: torch intra-op threads while the serial loop updates (default: see
+        `update_threads_for`: every core for on-policy minibatches of >= 1024 rows, else `threads`).
     resume: a run folder; training continues from its checkpoint with its config.
     stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value
         (with several seeds: once every seed has had a row that reaches it).
@@ -286,6 +321,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         samplers.load(sampler)   # an unknown name: one line listing the choices
     if threads is not None:
         torch.set_num_threads(threads)
+    if update_threads is not None and update_threads < 1:
+        raise ConfigError(f"--update-threads must be at least 1, got {update_threads}")
     seed_everything(seed + world.rank)
     if sampler == "async":
         from fnrl.train_async import train_async
@@ -347,6 +384,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None) if world.main else RowsOnly()
     logger.group_keys = tuple(sweep or ())
     off_policy = module.KIND == "off_policy"
+    if update_threads is None:   # several ranks on one machine already share its cores
+        update_threads = update_threads_for(config, off_policy, width, threads) if world.size == 1 else threads
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)
     checkpoint_every = checkpoint_every or max(steps_per_collect, config.total_steps // 10)
@@ -408,7 +447,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                 if ended.any():
                     ep_returns.extend(rollout["episode_return"][ended].tolist())
             if not off_policy:
-                with _steady(warm):
+                with _steady(warm), _intra_op_threads(update_threads):
                     state, metrics = agent.update(state, rollout)
                 counters["updates"] += 1
                 updates_here += 1
@@ -442,6 +481,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                     while update_credit >= 1.0 and replay.can_sample(replay_state, config.batch_size):
                         with _steady(warm):
                             batch = replay.sample(replay_state, config.batch_size, beta=beta, **sample_options)
+                        with _steady(warm), _intra_op_threads(update_threads):
                             state, metrics = agent.update(state, batch)
                         updates_here += 1   # act, add, sample and update have run, on fresh and updated states
                         warm = may_skip_guards and updates_here >= 2

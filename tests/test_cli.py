@@ -1,5 +1,6 @@
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ TINY = ["--total-steps", "512", "--num-envs", "4", "--num-steps", "32", "--updat
     (["train", "ppo", "--log-dir", "/nonexistent-parent/run"], "log dir parent"),
     (["train", "dqn", "--env", "Pendulum-v1"], "discrete action space"),
     (["train", "ppo", "--env-threads", "-1"], "--env-threads must be >= 0"),
+    (["train", "ppo", "--update-threads", "0"], "--update-threads must be at least 1"),
     (["eval", "/nonexistent/checkpoint.pt"], "no checkpoint"),
     (["frobnicate"], "unknown command"),
 ])
@@ -100,3 +102,22 @@ def test_stop_return_ends_the_run_at_the_first_interval_that_reaches_it(tmp_path
     rows = list(csv.DictReader(open(run / "progress.csv")))
     assert len(rows) == 1 and float(rows[0]["return_mean"]) == pytest.approx(3.3)
     assert load_checkpoint(run)["counters"]["env_steps"] == int(rows[0]["env_steps"]) < 1024
+
+
+def test_update_threads_default_rule_and_the_loop_switching_to_them(tmp_path, monkeypatch):
+    from fnrl.algos import dqn, ppo
+
+    cores = len(os.sched_getaffinity(0))
+    wide = ppo.Config(num_envs=64, num_steps=128, num_minibatches=4)   # 2048-row minibatches
+    assert train_module.update_threads_for(wide, False, 1, 1) == cores
+    assert train_module.update_threads_for(ppo.Config(), False, 1, 1) == 1   # 256 rows
+    assert train_module.update_threads_for(ppo.Config(), False, 8, 1) == cores   # 8 vmapped seeds: 2048 rows
+    assert train_module.update_threads_for(dqn.Config(), True, 1, 1) == 1
+    assert train_module.update_threads_for(wide, False, 1, None) is None   # torch's own default is kept
+
+    calls = []
+    set_threads = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), set_threads(n)))
+    assert main(["train", "ppo", *TINY, "--update-threads", "2", "--log-dir", str(tmp_path / "run")]) == 0
+    assert calls[0] == 1 and calls.count(2) == 512 // (4 * 32)   # --threads 1, then 2 around each update
+    assert calls[-1] == 1 and torch.get_num_threads() == 1
