@@ -111,6 +111,7 @@ def test_update_threads_default_rule_and_the_loop_switching_to_them(tmp_path, mo
     wide = ppo.Config(num_envs=64, num_steps=128, num_minibatches=4)   # 2048-row minibatches
     assert train_module.update_threads_for(wide, False, 1, 1) == cores
     assert train_module.update_threads_for(ppo.Config(), False, 1, 1) == 1   # 256 rows
+    assert train_module.update_threads_for(ppo.Config(), False, 1, 1, images=True) == cores   # conv torso
     assert train_module.update_threads_for(ppo.Config(), False, 8, 1) == cores   # 8 vmapped seeds: 2048 rows
     assert train_module.update_threads_for(dqn.Config(), True, 1, 1) == 1
     assert train_module.update_threads_for(wide, False, 1, None) is None   # torch's own default is kept
