@@ -99,7 +99,7 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--update-threads", type=int, default=None, metavar="N",
                         help="torch intra-op threads while updating (default: every core for on-policy "
-                             "minibatches of >= 1024 rows or of images, else --threads)")
+                             "minibatches of >= 2048 rows or of images, else --threads)")
     parser.add_argument("--env-threads", type=int, default=None, metavar="N",
                         help="EnvPool threads per env pool, 0 for one per core (default: 1 for classic-control "
                              "tasks, whose steps cost less than a thread hand-off; one per core otherwise)")

@@ -155,7 +155,7 @@ def _steady(warm: bool):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
 
 
-UPDATE_ROWS_FOR_ALL_CORES = 1024
+UPDATE_ROWS_FOR_ALL_CORES = 2048
 """On-policy minibatches of at least this many rows (all vmapped rows together) update on every core."""
 
 
@@ -163,11 +163,12 @@ def update_threads_for(config, off_policy: bool, width: int, threads: int | None
     """The torch intra-op threads of the update when `--update-threads` is not given.
 
     The env is idle while an on-policy update runs, so its GEMMs can have every core. That
-    pays from about a thousand rows, or at any size with image observations (conv torso):
-    PPO CartPole with 2048-row minibatches (64 envs x 128, 4 minibatches) updated 1.4x
-    faster on 2 threads than on 1, 1024 rows 1.17x, while 128 rows (CleanRL's 4 envs) ran
-    0.9x as fast and fnrl's default 256 rows 0.84x (compiled); PPO Pong's Nature CNN update
-    (256-row minibatches) 1.4x faster (eager). Interleaved in one process, 2 cores.
+    pays from about two thousand rows, or at any size with image observations (conv torso):
+    PPO CartPole with 2048-row minibatches (64 envs x 128, 4 minibatches) updated 1.36-1.4x
+    faster on 2 threads than on 1, while 1024 rows ran 0.89-1.17x as fast, 128 rows
+    (CleanRL's 4 envs) 0.88-0.9x and fnrl's default 256 rows 0.84x (compiled); PPO Pong's
+    Nature CNN update (256-row minibatches) 1.4x faster (eager). Interleaved in one process,
+    2 cores (`benchmarks/threads.md`).
     Off-policy updates (batches of 128-256 rows, about one per env step) keep `threads`."""
     if threads is None or off_policy:
         return threads
@@ -266,7 +267,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     threads: torch intra-op threads (1 suits small networks on a few cores; None keeps
         torch's default).
     update_threads: torch intra-op threads while the serial loop updates (default: see
-        `update_threads_for`: every core for on-policy minibatches of >= 1024 rows or of images,
+        `update_threads_for`: every core for on-policy minibatches of >= 2048 rows or of images,
         else `threads`).
     resume: a run folder; training continues from its checkpoint with its config.
     stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value
