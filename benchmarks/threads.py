@@ -10,7 +10,10 @@ of the per-round ratios), so the machine's drift hits both alike:
    vs the default, 4 and 64 envs.
 3. The compiled PPO update (`fnrl.train.update_threads_for`) at 1 vs 2 torch threads:
    CleanRL's 4 envs (128-row minibatches), 32 and 64 envs x 128 (1024 and 2048 rows).
-4. The Nature CNN forward + backward (256 frames, as PPO Pong's minibatch) with NCHW vs
+4. A PPO CartPole rollout with the compiled act (`fnrl.aot.AotAct`, as `fnrl train`), serial
+   vs alternating sampler, each against 128 random-action steps of the raw envs (the
+   rollout target: at most 1.5x raw at 64 envs).
+5. The Nature CNN forward + backward (256 frames, as PPO Pong's minibatch) with NCHW vs
    channels-last input (`fnrl.nets.core._ConvTorso`), eager, at `--threads` torch threads.
 
     python benchmarks/threads.py [--rounds 15] [--out FILE]
@@ -109,6 +112,31 @@ def update(num_envs: int, rounds: int) -> str:
             f"{med['t2'] * 1e3:.1f} ms | {ratio['t2']:.2f}x |")
 
 
+def sampler_vs_raw(num_envs: int, rounds: int) -> list[str]:
+    from fnrl.aot import AotAct
+    from fnrl.train import acting_on
+
+    config = ppo.Config(**{**SETTINGS, "num_envs": num_envs})
+    sides = {}
+    for name in ("serial", "alternating"):
+        env = envs.make("CartPole-v1", num_envs, seed=0)
+        agent = ppo.make(config, env.spec)
+        state = agent.init(0)
+        fallback = acting_on(ppo.ACT_KEYS, torch.compile(agent.act, fullgraph=True, dynamic=False,
+                                                         options={"cpp_wrapper": True}))
+        sampler = samplers.make(name, env, AotAct(agent.act, ppo.ACT_KEYS, fallback), config.num_steps)
+        sampler.collect(state)
+        sides[name] = (lambda s=sampler, st=state: s.collect(st))
+    raw = envs.make("CartPole-v1", num_envs, seed=0).raw
+    raw.reset()
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, 2, num_envs, dtype=np.int32) for _ in range(config.num_steps)]
+    sides = {"raw": lambda: [raw.step(a) for a in actions], **sides}
+    med, ratio = interleaved(sides, rounds)
+    return [f"| {name} sampler, compiled act, CartPole {num_envs} envs x 128 | raw {med['raw'] * 1e3:.1f} ms | "
+            f"{med[name] * 1e3:.1f} ms | {1 / ratio[name]:.2f}x the raw time |" for name in ("serial", "alternating")]
+
+
 def conv_layout(rounds: int) -> str:
     from fnrl.nets.core import NatureCNN
 
@@ -150,6 +178,9 @@ def main() -> None:
     lines.append("| **torch threads of the update: A = 1, B = 2** | | | |")
     for n in (4, 32, 64):
         lines.append(update(n, r))
+    lines.append("| **rollout vs raw EnvPool: A = 128 random-action steps, B = a PPO rollout** | | | |")
+    for n in (4, 64):
+        lines += sampler_vs_raw(n, r)
     lines.append("| **conv input layout: A = NCHW, B = channels-last** | | | |")
     torch.set_num_threads(args.threads)
     lines.append(conv_layout(max(3, r // 3)))

@@ -164,9 +164,9 @@ def update_threads_for(config, off_policy: bool, width: int, threads: int | None
 
     The env is idle while an on-policy update runs, so its GEMMs can have every core. That
     pays from about two thousand rows, or at any size with image observations (conv torso):
-    PPO CartPole with 2048-row minibatches (64 envs x 128, 4 minibatches) updated 1.36-1.4x
+    PPO CartPole with 2048-row minibatches (64 envs x 128, 4 minibatches) updated 1.22-1.4x
     faster on 2 threads than on 1, while 1024 rows ran 0.89-1.17x as fast, 128 rows
-    (CleanRL's 4 envs) 0.88-0.9x and fnrl's default 256 rows 0.84x (compiled); PPO Pong's
+    (CleanRL's 4 envs) 0.88-0.91x and fnrl's default 256 rows 0.84x (compiled); PPO Pong's
     Nature CNN update (256-row minibatches) 1.4x faster (eager). Interleaved in one process,
     2 cores (`benchmarks/threads.md`).
     Off-policy updates (batches of 128-256 rows, about one per env step) keep `threads`."""

@@ -56,11 +56,10 @@ def envpool_threads(env_id: str) -> int:
     1 for classic-control and toy-text tasks, 0 (EnvPool's own default: one thread per
     core, at most one per env) for the rest. A CartPole step costs less than handing it to
     another thread and back, and EnvPool's worker threads spin while they wait, so extra
-    threads only take CPU from the policy: on 2 cores, raw CartPole ran at 62,800 SPS
-    with 1 thread and 48,000 with the default at 4 envs, and a 64-env PPO rollout step
-    (act + env + writes) fell from about 300-370 to 273 us. Atari and MuJoCo steps are
-    heavy enough to gain from more threads (Pong, 8 envs: 3,650 SPS by default, 2,170
-    with 1 thread). `$FNRL_ENV_THREADS` (`fnrl train --env-threads N`) overrides this for
+    threads only take CPU from the policy. Interleaved on 2 cores (`benchmarks/threads.md`):
+    raw CartPole 1.19-1.37x faster with 1 thread at 4 and 64 envs, a PPO rollout
+    1.08-1.31x; Atari steps are heavy enough to gain from more threads (Pong, 8 envs:
+    0.70-0.81x as fast with 1 thread). `$FNRL_ENV_THREADS` (`fnrl train --env-threads N`) overrides this for
     every env; `num_threads=` passed to `make` overrides both."""
     from envpool.registration import registry
 
