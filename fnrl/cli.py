@@ -23,8 +23,8 @@ import typing
 
 from fnrl.errors import ConfigError
 
-_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "update_threads", "env_threads", "quiet", "stop_return",
-                "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep",
+_RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "update_threads", "env_threads",
+                "quiet", "stop_return", "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep",
                 "nproc", "sampler_workers")
 
 

@@ -159,7 +159,8 @@ UPDATE_ROWS_FOR_ALL_CORES = 2048
 """On-policy minibatches of at least this many rows (all vmapped rows together) update on every core."""
 
 
-def update_threads_for(config, off_policy: bool, width: int, threads: int | None, images: bool = False) -> int | None:
+def update_threads_for(config, off_policy: bool, width: int, threads: int | None,
+                       images: bool = False) -> int | None:
     """The torch intra-op threads of the update when `--update-threads` is not given.
 
     The env is idle while an on-policy update runs, so its GEMMs can have every core. That
@@ -389,7 +390,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     off_policy = module.KIND == "off_policy"
     if update_threads is None:   # several ranks on one machine already share its cores
         images = isinstance(env.spec.obs_shape, tuple) and len(env.spec.obs_shape) == 3
-        update_threads = update_threads_for(config, off_policy, width, threads, images) if world.size == 1 else threads
+        update_threads = (update_threads_for(config, off_policy, width, threads, images) if world.size == 1
+                          else threads)
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)
     checkpoint_every = checkpoint_every or max(steps_per_collect, config.total_steps // 10)

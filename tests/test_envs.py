@@ -165,3 +165,6 @@ def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
     env = envs.make("CartPole-v1", 2)
     assert env.raw.config["num_threads"] == 2
     env.close()
+    monkeypatch.setenv(envs.ENV_THREADS_VAR, "two")
+    with pytest.raises(ConfigError, match=r"FNRL_ENV_THREADS must be a number"):
+        envs.make("CartPole-v1", 2)

@@ -59,12 +59,14 @@ def envpool_threads(env_id: str) -> int:
     threads only take CPU from the policy. Interleaved on 2 cores (`benchmarks/threads.md`):
     raw CartPole 1.19-1.37x faster with 1 thread at 4 and 64 envs, a PPO rollout
     1.08-1.31x; Atari steps are heavy enough to gain from more threads (Pong, 8 envs:
-    0.70-0.81x as fast with 1 thread). `$FNRL_ENV_THREADS` (`fnrl train --env-threads N`) overrides this for
-    every env; `num_threads=` passed to `make` overrides both."""
+    0.70-0.81x as fast with 1 thread). `$FNRL_ENV_THREADS` (`fnrl train --env-threads N`)
+    overrides this for every env; `num_threads=` passed to `make` overrides both."""
     from envpool.registration import registry
 
     forced = os.environ.get(ENV_THREADS_VAR)
     if forced:
+        if not forced.isdigit():
+            raise ConfigError(f"${ENV_THREADS_VAR} must be a number of threads >= 0, got {forced!r}")
         return int(forced)
     entry = registry.specs.get(env_id)
     return 1 if entry is not None and entry[0] in CHEAP_ENVPOOL_FAMILIES else 0
