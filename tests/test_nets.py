@@ -29,3 +29,18 @@ def test_conv_torsos_take_uint8_frames_with_leading_dims():
     assert A3CConv()(frames).shape == (2, 3, 256)
     logits, value = ActorCritic((4, 84, 84), 6, continuous=False)(frames)
     assert logits.shape == (2, 3, 6) and value.shape == (2, 3)
+
+
+def test_conv_torso_under_vmap_equals_each_network_alone():
+    """The channels-last frames the conv torsos make (with permutes) work under vmap: stacked
+    parameters of 3 networks on 3 batches of frames give each network's own output."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    torch.manual_seed(0)
+    nets = [NatureCNN() for _ in range(3)]
+    params, _ = stack_module_state(nets)
+    frames = torch.randint(0, 256, (3, 5, 4, 84, 84), dtype=torch.uint8)
+    out = vmap(lambda p, x: functional_call(nets[0], p, (x,)))(params, frames)
+    with torch.no_grad():
+        expected = torch.stack([net(x) for net, x in zip(nets, frames)])
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-5, atol=1e-5)
