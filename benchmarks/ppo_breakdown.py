@@ -6,8 +6,9 @@ iteration = collect a [128, B] rollout + one update, as `fnrl.train` runs it. Va
 each in its own process, one after the other:
 
 - `serial, compiled act`: as `fnrl train` runs it: the serial sampler, `act` compiled ahead
-  of time (`fnrl.aot.AotAct`) on `ppo.ACT_KEYS` of the state, the compiled update (`prepare` + all minibatch
-  steps in one `scan`), TorchDynamo's guard checks skipped once warm (`fnrl.train._steady`);
+  of time (`fnrl.aot.AotAct`) on `ppo.ACT_KEYS` of the state, the compiled update (`prepare`
+  + all minibatch steps in one `scan`; on 1 thread here, see `threads.py` for 2),
+  TorchDynamo's guard checks skipped once warm (`fnrl.train._steady`);
 - `serial, eager act`: the same with `act` eager (`fnrl.nets.call` swaps the parameters
   straight into the modules);
 - `alternating, eager act`: two EnvPool groups of B/2 whose steps overlap the policy;

@@ -102,8 +102,8 @@ def _make_agent(module, config, spec, compile: bool):
 
     Compiled acting is ahead of time (`fnrl.aot.AotAct`: the sampler's calls go straight to
     an AOTInductor model; 14.5 instead of 43.7 ms of acting per 4-env x 128-step PPO rollout
-    in benchmarks/ppo_breakdown.md), with a `torch.compile`d `act` for the calls that model does not serve
-    (evaluation, recurrent carries). Off-policy acting is compiled with Inductor's
+    in benchmarks/ppo_breakdown.md, session 5), with a `torch.compile`d `act` for the calls
+    that model does not serve (evaluation, recurrent carries). Off-policy acting is compiled with Inductor's
     `fallback_random`, so it draws exactly the random numbers eager acting draws (same
     exploration as `compile=False`); the `torch.compile`d fallback uses `cpp_wrapper`
     (the graph's calls made from C++ instead of a Python wrapper)."""
@@ -328,6 +328,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if update_threads is not None and update_threads < 1:
         raise ConfigError(f"--update-threads must be at least 1, got {update_threads}")
     seed_everything(seed + world.rank)
+    runtime = "async" if sampler == "async" else getattr(module, "RUNTIME", "serial")
+    if update_threads is not None and runtime != "serial":
+        raise ConfigError(f"--update-threads applies to the serial training loop, not to {name}'s {runtime} one; "
+                          "drop it (--threads sets the learner's threads there)")
     if sampler == "async":
         from fnrl.train_async import train_async
 
@@ -487,8 +491,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                     while update_credit >= 1.0 and replay.can_sample(replay_state, config.batch_size):
                         with _steady(warm):
                             batch = replay.sample(replay_state, config.batch_size, beta=beta, **sample_options)
-                        with _steady(warm), _intra_op_threads(update_threads):
-                            state, metrics = agent.update(state, batch)
+                            with _intra_op_threads(update_threads):
+                                state, metrics = agent.update(state, batch)
                         updates_here += 1   # act, add, sample and update have run, on fresh and updated states
                         warm = may_skip_guards and updates_here >= 2
                         if config.prioritized:

@@ -21,6 +21,7 @@ TINY = ["--total-steps", "512", "--num-envs", "4", "--num-steps", "32", "--updat
     (["train", "dqn", "--env", "Pendulum-v1"], "discrete action space"),
     (["train", "ppo", "--env-threads", "-1"], "--env-threads must be >= 0"),
     (["train", "ppo", "--update-threads", "0"], "--update-threads must be at least 1"),
+    (["train", "impala", "--update-threads", "2"], "--update-threads applies to the serial training loop"),
     (["eval", "/nonexistent/checkpoint.pt"], "no checkpoint"),
     (["frobnicate"], "unknown command"),
 ])

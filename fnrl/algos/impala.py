@@ -49,7 +49,8 @@ class Config:
     """IMPALA settings. Defaults learn CartPole-v1 with 2 actor processes of 8 envs each
     (return >= 400 within 300k env steps in 46 of 48 runs, median 45k; the other two hovered
     near 220. Runs are not bit-reproducible, since the policy lag depends on timing). A2C-like
-    gradient clipping (0.5) keeps runs from stalling near 200; the paper's Atari setting is max_grad_norm 40, num_steps 20."""
+    gradient clipping (0.5) keeps runs from stalling near 200; the paper's Atari setting is
+    max_grad_norm 40, num_steps 20."""
 
     env_id: str = "CartPole-v1"
     """environment id (EnvPool task or registered gymnasium env)"""

@@ -54,8 +54,9 @@ class EnvPoolCalls:
     EnvPool's gymnasium `step` spends most of its time in Python: converting the action
     into the C++ argument list and the returned state list into an info dict with a tree
     unflatten (most of a 4-env CartPole step; EnvPool time per 4-env x 128-step rollout
-    fell from 24.5 to 13.9 ms with these calls, benchmarks/ppo_breakdown.md). Here the argument list (`env_id`, `players.env_id`,
-    `action`) is built once by EnvPool's own conversion of a first action, which EnvPool
+    fell from 24.5 to 13.9 ms with these calls, benchmarks/ppo_breakdown.md, session 5).
+    Here the argument list (`env_id`, `players.env_id`, `action`) is built once by
+    EnvPool's own conversion of a first action, which EnvPool
     also validates then, and each step only swaps the action in; `recv` picks the arrays
     the adaptor uses out of the state list by position. Results are the very arrays the
     wrapper returns (`terminated = done & ~trunc`, as EnvPool computes it).
