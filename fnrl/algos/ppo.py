@@ -148,7 +148,8 @@ def _permutations(seed: int, env_steps: int, epochs: int, size: int) -> torch.Te
     (seed, env_steps): a run's minibatches depend on its own seed only, never on the
     global RNG, so seed k of a vmapped run (fnrl.seeds) draws what a single run would."""
     g = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + env_steps) % 2**64)
-    return torch.rand(epochs, size, generator=g).argsort(-1)
+    # randperm shuffles in O(size); argsort of uniforms sorted in O(size log size), ~10x slower at 8192
+    return torch.stack([torch.randperm(size, generator=g) for _ in range(epochs)])
 
 
 def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = False) -> Agent:
