@@ -136,3 +136,37 @@ def test_scan_steps_compiled_equals_the_python_loop():
     assert_close_td(o_scan, o_loop, rtol=0, atol=0)
     assert out_scan["count"].tolist() == [1, 2, 3, 4, 5]
     torch.testing.assert_close(out_scan["loss"], out_loop["loss"])
+
+
+def test_switch_runs_the_taken_branch_eager_compiled_and_per_row_under_vmap():
+    """`switch` (torch.cond over TensorDicts): the branch `pred` picks, with nested batch sizes
+    (stacked critics), empty nested TensorDicts and a leaf passed through kept; one graph for
+    both values of `pred`; under vmap each row takes its own branch."""
+    from fnrl.algos.common import switch
+
+    def step(pred, params, opt):
+        def on(params, opt):
+            return (params.apply(lambda p: p + 1.0), opt), {"loss": params["w"].sum(), "same": params["w"].sum()}
+
+        def off(params, opt):
+            return (params, opt), {"loss": -params["w"].sum(), "same": params["w"].sum()}
+
+        return switch(pred, on, off, (params, opt))
+
+    params = TensorDict({"w": torch.randn(3), "critic": TensorDict({"b": torch.randn(2, 4)}, [2])}, [])
+    opt = TensorDict({"0": {}, "1": {"rate": torch.tensor(0.1)}}, [])
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    for pred in (True, False):
+        (p_eager, o_eager), m_eager = step(torch.tensor(pred), params, opt)
+        with torch._dynamo.config.patch(error_on_recompile=not pred):
+            (p_comp, o_comp), m_comp = compiled(torch.tensor(pred), params, opt)
+        expected = params.apply(lambda p: p + 1.0) if pred else params
+        for p, o, m in ((p_eager, o_eager, m_eager), (p_comp, o_comp, m_comp)):
+            assert_close_td(p, expected, rtol=0, atol=0)
+            assert p["critic"].batch_size == torch.Size([2]) and list(o.keys(True)) == list(opt.keys(True))
+            torch.testing.assert_close(m["loss"], params["w"].sum() * (1 if pred else -1))
+    rows = torch.stack([params, params])
+    (p_rows, _), m_rows = torch.func.vmap(step)(torch.tensor([True, False]), rows, torch.stack([opt, opt]))
+    assert_close_td(p_rows[0], params.apply(lambda p: p + 1.0), rtol=0, atol=0)
+    assert_close_td(p_rows[1], params, rtol=0, atol=0)
+    torch.testing.assert_close(m_rows["loss"], torch.stack([params["w"].sum(), -params["w"].sum()]))

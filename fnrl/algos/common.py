@@ -77,6 +77,51 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
     return apply_updates(params, updates), opt_state, dict(metrics, loss=loss.detach())
 
 
+class _Leaves:
+    """A tuple of TensorDicts as a flat tuple of tensor leaves and back, for the higher-order
+    ops (scan, cond) whose operands and results must be tensors. Every key, nested
+    TensorDicts too (even empty ones: a stateless optimizer stage) with their own batch sizes
+    (stacked twin critics), in the order the TensorDicts hold them, so the rebuilt ones match
+    them exactly."""
+
+    def __init__(self, tds: tuple[TensorDict, ...]):
+        def as_tuple(k):
+            return (k,) if isinstance(k, str) else k
+
+        # (key path, batch size of a nested TensorDict or None for a tensor leaf)
+        self.entries = [[(as_tuple(k), v.batch_size if isinstance(v, TensorDictBase) else None)
+                         for k, v in td.items(include_nested=True)] for td in tds]
+        self.batch_sizes = [td.batch_size for td in tds]
+
+    def flatten(self, tds, clone: bool = False) -> tuple[torch.Tensor, ...]:
+        """clone: copies, for results that must not alias an operand (a leaf passed through)."""
+        return tuple(td.get(k).clone() if clone else td.get(k)
+                     for keys, td in zip(self.entries, tds) for k, node in keys if node is None)
+
+    def unflatten(self, leaves) -> tuple[TensorDict, ...]:
+        out, i = [], 0
+        for keys, batch_size in zip(self.entries, self.batch_sizes):
+            tree, sizes = {}, {}
+            for k, node_size in keys:
+                parent = tree
+                for part in k[:-1]:
+                    parent = parent[part]
+                if node_size is not None:
+                    parent[k[-1]] = {}
+                    sizes[k] = node_size
+                else:
+                    parent[k[-1]] = leaves[i]
+                    i += 1
+            out.append(_as_tensordict(tree, batch_size, sizes, ()))
+        return tuple(out)
+
+
+def _as_tensordict(tree: dict, batch_size, sizes: dict, path: tuple) -> TensorDict:
+    """Nested dicts of tensors -> nested TensorDicts, node `path + (k,)` of batch size `sizes[...]`."""
+    return TensorDict({k: _as_tensordict(v, sizes[path + (k,)], sizes, path + (k,)) if isinstance(v, dict) else v
+                       for k, v in tree.items()}, batch_size=batch_size)
+
+
 def scan_steps(step: Callable, carry: tuple[TensorDict, ...], xs: torch.Tensor):
     """`carry, out_i = step(carry, xs[i])` for i = 0, 1, ...: (final carry, outs stacked [len(xs)]).
 
@@ -94,43 +139,46 @@ def scan_steps(step: Callable, carry: tuple[TensorDict, ...], xs: torch.Tensor):
         return carry, {k: torch.stack([o[k] for o in outs]) for k in outs[0]}
     from torch._higher_order_ops.scan import scan
 
-    def as_tuple(k):
-        return (k,) if isinstance(k, str) else k
+    leaves = _Leaves(carry)
 
-    # every key, nested TensorDicts too (even empty ones: a stateless optimizer stage), in
-    # the order the TensorDicts hold them, so the rebuilt ones match them exactly
-    entries = [[(as_tuple(k), isinstance(v, TensorDictBase)) for k, v in td.items(include_nested=True)]
-               for td in carry]
-    batch_sizes = [td.batch_size for td in carry]
-
-    def unflatten(leaves):
-        out, i = [], 0
-        for keys, batch_size in zip(entries, batch_sizes):
-            tree = {}
-            for k, is_node in keys:
-                node = tree
-                for part in k[:-1]:
-                    node = node[part]
-                if is_node:
-                    node[k[-1]] = {}
-                else:
-                    node[k[-1]] = leaves[i]
-                    i += 1
-            out.append(TensorDict(tree, batch_size=batch_size))
-        return tuple(out)
-
-    def body(leaves, x):
-        new_carry, out = step(unflatten(leaves), x)
+    def body(flat, x):
+        new_carry, out = step(leaves.unflatten(flat), x)
         # clone: a leaf the step passes through unchanged (a stored rate) must not alias its input
-        return flatten(new_carry, clone=True), dict(out)
+        return leaves.flatten(new_carry, clone=True), dict(out)
 
-    def flatten(tds, clone=False):
-        return tuple(td.get(k).clone() if clone else td.get(k)
-                     for keys, td in zip(entries, tds) for k, is_node in keys if not is_node)
+    flat, outs = scan(body, leaves.flatten(carry), xs)
+    return leaves.unflatten(flat), outs
 
-    leaves = flatten(carry)
-    leaves, outs = scan(body, leaves, xs)
-    return unflatten(leaves), outs
+
+def switch(pred: torch.Tensor, on_true: Callable, on_false: Callable, carry: tuple[TensorDict, ...]):
+    """`on_true(*carry)` if the 0-d bool `pred` else `on_false(*carry)`, each returning
+    (new carry, a dict of tensors) of the same structure, shapes and dtypes.
+
+    One `torch.cond` (torch's higher-order op), so only the taken branch runs, inside a compiled
+    graph too, without a Python branch on a tensor or a recompile; eagerly the same op picks
+    the branch. Under a torch.func transform (vmap over seeds) both branches run and each row
+    takes its own with `torch.where`, as torch.cond's batching rule would (which does not
+    trace under vmap here). The TensorDicts cross as tuples of leaves.
+    """
+    leaves = _Leaves(carry)
+
+    def branch(fn):
+        def run(*flat):
+            new_carry, out = fn(*leaves.unflatten(flat))
+            # results may alias neither an operand (a leaf passed through) nor each other (two
+            # detached views of one loss): such leaves, and the small outputs, are copies
+            return (tuple(x.clone() if any(x is o for o in flat) else x for x in leaves.flatten(new_carry)),
+                    {k: v.clone() for k, v in out.items()})
+        return run
+
+    operands = leaves.flatten(carry)
+    if torch._C._functorch.peek_interpreter_stack() is not None:   # under vmap: rows take their own branch
+        (flat_t, out_t), (flat_f, out_f) = branch(on_true)(*operands), branch(on_false)(*operands)
+        flat = tuple(torch.where(pred, t, f) for t, f in zip(flat_t, flat_f))
+        out = {k: torch.where(pred, v, out_f[k]) for k, v in out_t.items()}
+    else:
+        flat, out = torch.cond(pred, branch(on_true), branch(on_false), operands)
+    return leaves.unflatten(flat), out
 
 
 _gradient_reducer: Callable | None = None
