@@ -146,10 +146,10 @@ def test_switch_runs_the_taken_branch_eager_compiled_and_per_row_under_vmap():
 
     def step(pred, params, opt):
         def on(params, opt):
-            return (params.apply(lambda p: p + 1.0), opt), {"loss": params["w"].sum(), "same": params["w"].sum()}
+            return (params.apply(lambda p: p + 1.0), opt), (params["w"].sum(), params["w"].sum())
 
         def off(params, opt):
-            return (params, opt), {"loss": -params["w"].sum(), "same": params["w"].sum()}
+            return (params, opt), (-params["w"].sum(), params["w"].sum())
 
         return switch(pred, on, off, (params, opt))
 
@@ -164,9 +164,10 @@ def test_switch_runs_the_taken_branch_eager_compiled_and_per_row_under_vmap():
         for p, o, m in ((p_eager, o_eager, m_eager), (p_comp, o_comp, m_comp)):
             assert_close_td(p, expected, rtol=0, atol=0)
             assert p["critic"].batch_size == torch.Size([2]) and list(o.keys(True)) == list(opt.keys(True))
-            torch.testing.assert_close(m["loss"], params["w"].sum() * (1 if pred else -1))
+            torch.testing.assert_close(m[0], params["w"].sum() * (1 if pred else -1))
     rows = torch.stack([params, params])
-    (p_rows, _), m_rows = torch.func.vmap(step)(torch.tensor([True, False]), rows, torch.stack([opt, opt]))
-    assert_close_td(p_rows[0], params.apply(lambda p: p + 1.0), rtol=0, atol=0)
-    assert_close_td(p_rows[1], params, rtol=0, atol=0)
-    torch.testing.assert_close(m_rows["loss"], torch.stack([params["w"].sum(), -params["w"].sum()]))
+    for vmapped in (torch.func.vmap(step), torch.compile(torch.func.vmap(step), fullgraph=True, dynamic=False)):
+        (p_rows, _), m_rows = vmapped(torch.tensor([True, False]), rows, torch.stack([opt, opt]))
+        assert_close_td(p_rows[0], params.apply(lambda p: p + 1.0), rtol=0, atol=0)
+        assert_close_td(p_rows[1], params, rtol=0, atol=0)
+        torch.testing.assert_close(m_rows[0], torch.stack([params["w"].sum(), -params["w"].sum()]))

@@ -152,33 +152,33 @@ def scan_steps(step: Callable, carry: tuple[TensorDict, ...], xs: torch.Tensor):
 
 def switch(pred: torch.Tensor, on_true: Callable, on_false: Callable, carry: tuple[TensorDict, ...]):
     """`on_true(*carry)` if the 0-d bool `pred` else `on_false(*carry)`, each returning
-    (new carry, a dict of tensors) of the same structure, shapes and dtypes.
+    (new carry, a tuple of tensors) of the same structure, shapes and dtypes.
 
     One `torch.cond` (torch's higher-order op), so only the taken branch runs, inside a compiled
     graph too, without a Python branch on a tensor or a recompile; eagerly the same op picks
-    the branch. Under a torch.func transform (vmap over seeds) both branches run and each row
-    takes its own with `torch.where`, as torch.cond's batching rule would (which does not
-    trace under vmap here). The TensorDicts cross as tuples of leaves.
+    the branch. Under vmap (seeds), where torch.cond with gradients in its branches does not
+    trace, both branches run and each row takes its own with `torch.where`. The TensorDicts
+    cross as leaves, in one flat tuple with the outputs.
     """
     leaves = _Leaves(carry)
 
     def branch(fn):
         def run(*flat):
-            new_carry, out = fn(*leaves.unflatten(flat))
+            new_carry, outs = fn(*leaves.unflatten(flat))
             # results may alias neither an operand (a leaf passed through) nor each other (two
             # detached views of one loss): such leaves, and the small outputs, are copies
-            return (tuple(x.clone() if any(x is o for o in flat) else x for x in leaves.flatten(new_carry)),
-                    {k: v.clone() for k, v in out.items()})
+            return (*(x.clone() if any(x is o for o in flat) else x for x in leaves.flatten(new_carry)),
+                    *(x.clone() for x in outs))
         return run
 
     operands = leaves.flatten(carry)
-    if torch._C._functorch.peek_interpreter_stack() is not None:   # under vmap: rows take their own branch
-        (flat_t, out_t), (flat_f, out_f) = branch(on_true)(*operands), branch(on_false)(*operands)
-        flat = tuple(torch.where(pred, t, f) for t, f in zip(flat_t, flat_f))
-        out = {k: torch.where(pred, v, out_f[k]) for k, v in out_t.items()}
+    if torch._C._functorch.is_batchedtensor(pred) or _eager_under_transform():   # vmap: each row its own
+        taken, other = branch(on_true)(*operands), branch(on_false)(*operands)
+        results = tuple(torch.where(pred, t, f) for t, f in zip(taken, other))
     else:
-        flat, out = torch.cond(pred, branch(on_true), branch(on_false), operands)
-    return leaves.unflatten(flat), out
+        results = torch.cond(pred, branch(on_true), branch(on_false), operands)
+    n = len(operands)
+    return leaves.unflatten(results[:n]), tuple(results[n:])
 
 
 _gradient_reducer: Callable | None = None
@@ -191,6 +191,11 @@ def set_gradient_reducer(reducer: Callable | None) -> None:
     update is compiled (a compiled update that ran without it recompiles once)."""
     global _gradient_reducer
     _gradient_reducer = reducer
+
+
+def _eager_under_transform() -> bool:
+    """True outside torch.compile, inside a torch.func transform (vmap, grad)."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def _plain_eager() -> bool:

@@ -23,9 +23,9 @@ Twin critics are one stacked parameter TensorDict [K, ...] (K = 2, or 1 for DDPG
 with `torch.func.vmap`; target networks are one TensorDict moved by one `polyak` call. The
 update (critic, actor, temperature, targets) is one pure function. TD3's actor/target cadence
 is a `switch` (torch.cond) on the update counter tensor `state["updates"]`: one graph, and
-the off steps never compute the actor's loss or gradient (7.9 vs 10.8 ms per HalfCheetah
-update, 256-256 nets, batch 256, 1 thread); `state["actor_loss"]` carries the last actor
-loss for the metrics of the steps in between.
+the off steps never compute the actor's loss or gradient (~27% cheaper than the on steps,
+1.15-1.18x per update against masking the actor step, `benchmarks/td3_delay.md`);
+`state["actor_loss"]` carries the last actor loss for the metrics of the steps in between.
 
 The policy works in [-1, 1]^D; `act` rescales to the env's bounds (`spec.action_low/high`, or
 [-action_scale, action_scale]) and the update maps replayed actions back. n-step returns and
@@ -55,6 +55,8 @@ SWEEPABLE = ("actor_lr", "critic_lr", "alpha_lr", "gamma")
 the step sizes are held in the optimizer state (`scale_by_group_learning_rate`) and gamma only in
 the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
 ACT_KEYS = (("params", "actor"), "obs_rms", "env_steps")
+DELAYED_METRICS = ("q_mean", "priority", "loss/critic", "loss/actor", "loss")
+"""What a TD3 update step returns from either branch of its `switch` (DDPG/TD3 have no temperature)."""
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -457,16 +459,17 @@ def make(config: Config, spec: EnvSpec) -> Agent:
 
             def actor_step(params, opt_state):
                 new_params, new_opt, m = gradient_step(loss, params, opt, opt_state, *args)
-                return (new_params, new_opt), m
+                return (new_params, new_opt), tuple(m[k] for k in DELAYED_METRICS)
 
             def critics_step(params, opt_state):
                 new_params, new_opt, m = gradient_step(critics_only_loss(state["actor_loss"]), params, opt,
                                                        opt_state, *args)
                 frozen = torch.zeros((), dtype=torch.bool, device=on.device)
-                return (_freeze(frozen, new_params, params, "actor"),
-                        _freeze(frozen, new_opt, opt_state, "actor")), m
+                return ((_freeze(frozen, new_params, params, "actor"), _freeze(frozen, new_opt, opt_state, "actor")),
+                        tuple(m[k] for k in DELAYED_METRICS))
 
-            (new_params, new_opt), m = switch(on, actor_step, critics_step, (params, state["opt_state"]))
+            (new_params, new_opt), outs = switch(on, actor_step, critics_step, (params, state["opt_state"]))
+            m = dict(zip(DELAYED_METRICS, outs))
             tau = on.to(torch.float32) * config.tau
         else:
             new_params, new_opt, m = gradient_step(loss, params, opt, state["opt_state"], *args)
