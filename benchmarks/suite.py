@@ -36,6 +36,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OUTPUT = HERE / "suite.md"
+QUICK_OUTPUT = HERE / "suite_quick.md"
 
 
 @dataclass(frozen=True)
@@ -401,7 +402,8 @@ def main(argv=None) -> int:
                    "(about 10 min on 2 cores)")
     p.add_argument("--only", default=None, help=f"comma-separated workloads: {', '.join(BY_KEY)}")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of every contender (default: 1)")
-    p.add_argument("--out", default=str(OUTPUT), help=f"markdown report path (default: {OUTPUT})")
+    p.add_argument("--out", default=None, help=f"markdown report path (default: {OUTPUT.name}, with --quick "
+                   f"{QUICK_OUTPUT.name}, in {HERE})")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per contender before it is cut off")
     p.add_argument("--steps", type=int, default=None, help="env steps of every run (default: each workload's)")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated columns to measure")
@@ -412,7 +414,8 @@ def main(argv=None) -> int:
         print(json.dumps(worker(kind, key, int(steps), int(threads))))
         return 0
     only = args.only.split(",") if args.only else None
-    print(run_suite(args.quick, only, args.threads, Path(args.out), args.timeout, steps=args.steps,
+    out = Path(args.out) if args.out else (QUICK_OUTPUT if args.quick else OUTPUT)
+    print(run_suite(args.quick, only, args.threads, out, args.timeout, steps=args.steps,
                     contenders=tuple(args.contenders.split(","))))
     return 0
 

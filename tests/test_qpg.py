@@ -266,6 +266,21 @@ def test_td3_delayed_update_skips_actor_and_targets():
     assert_td_equal(new2["target"], expected)
 
 
+def test_delayed_sac_off_step_moves_only_the_critics_and_reports_the_last_actor_metrics():
+    spec = make_spec()
+    agent = qpg.make(config("sac", policy_delay=2), spec)
+    state = agent.init(0)
+    on_state, m_on = agent.update(state, batch(8, spec))           # updates 0: on the cadence
+    off_state, m_off = agent.update(on_state, batch(8, spec, seed=1))   # updates 1: off it
+    for group in ("actor", "log_alpha"):
+        assert_td_differs(on_state["params"].select(group), state["params"].select(group))
+        assert_td_equal(off_state["params"].select(group), on_state["params"].select(group))
+    assert_td_differs(off_state["params"]["critic"], on_state["params"]["critic"])
+    for k in ("loss/actor", "entropy", "loss/alpha"):
+        assert m_off[k] == m_on[k]
+    assert m_off["loss/critic"] != m_on["loss/critic"]
+
+
 @pytest.mark.parametrize("name", ["ddpg", "sac"])
 def test_every_update_moves_actor_and_targets_without_delay(name):
     spec = make_spec()

@@ -25,7 +25,7 @@ update (critic, actor, temperature, targets) is one pure function. TD3's actor/t
 is a `switch` (torch.cond) on the update counter tensor `state["updates"]`: one graph, and
 the off steps never compute the actor's loss or gradient (~27% cheaper than the on steps,
 1.15-1.18x per update against masking the actor step, `benchmarks/td3_delay.md`);
-`state["actor_loss"]` carries the last actor loss for the metrics of the steps in between.
+`state["actor_metrics"]` carries the last actor step's metrics for the steps in between.
 
 The policy works in [-1, 1]^D; `act` rescales to the env's bounds (`spec.action_low/high`, or
 [-action_scale, action_scale]) and the update maps replayed actions back. n-step returns and
@@ -55,8 +55,6 @@ SWEEPABLE = ("actor_lr", "critic_lr", "alpha_lr", "gamma")
 the step sizes are held in the optimizer state (`scale_by_group_learning_rate`) and gamma only in
 the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
 ACT_KEYS = (("params", "actor"), "obs_rms", "env_steps")
-DELAYED_METRICS = ("q_mean", "priority", "loss/critic", "loss/actor", "loss")
-"""What a TD3 update step returns from either branch of its `switch` (DDPG/TD3 have no temperature)."""
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -323,6 +321,8 @@ def make(config: Config, spec: EnvSpec) -> Agent:
     support = torch.linspace(config.v_min, config.v_max, config.num_atoms) if config.distributional else None
     target_keys = ("critic",) if sac else ("actor", "critic")
     delayed = config.policy_delay > 1
+    # what only the actor step computes (actor, and SAC's temperature, move on the policy_delay cadence)
+    actor_metrics = ("loss/actor", *(("entropy",) if sac else ()), *(("loss/alpha",) if sac and config.autotune else ()))
     rates = {"actor": config.actor_lr, "critic": config.critic_lr, "log_alpha": config.alpha_lr}
     opt = optim.chain(optim.scale_by_adam(), scale_by_group_learning_rate(rates))
 
@@ -355,8 +355,8 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             "env_steps": torch.zeros((), dtype=torch.int64),
             "updates": torch.zeros((), dtype=torch.int64),
         }
-        if delayed:   # the last actor step's loss, reported by the steps in between
-            state["actor_loss"] = torch.zeros(())
+        if delayed:   # the last actor step's metrics, reported by the steps in between
+            state["actor_metrics"] = TensorDict({k: torch.zeros(()) for k in actor_metrics}, batch_size=[])
         if config.normalize_obs:
             state["obs_rms"] = rms_init(spec.obs_shape)
         return TensorDict(state, batch_size=[])
@@ -429,15 +429,13 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             total = total + l_alpha
         return total, metrics
 
-    def critics_only_loss(last_actor_loss):
-        """`loss` without the actor term (the actor's gradient is then zero), for TD3's off
-        steps; `loss/actor` reports the last actor step's loss."""
-        def critics_loss(params, obs, action, target, weight, alpha):
-            l_critic, metrics = critic_loss(params["critic"], obs, action, target, weight)
-            metrics = {k: v.detach() for k, v in metrics.items()}
-            metrics["loss/critic"], metrics["loss/actor"] = l_critic.detach(), last_actor_loss
-            return l_critic, metrics
-        return critics_loss
+    def critics_only_loss(params, obs, action, target, weight, alpha):
+        """`loss` without the actor's (and temperature's) terms, whose gradients are then zero:
+        the off steps of a delayed update."""
+        l_critic, metrics = critic_loss(params["critic"], obs, action, target, weight)
+        metrics = {k: v.detach() for k, v in metrics.items()}
+        metrics["loss/critic"] = l_critic.detach()
+        return l_critic, metrics
 
     def update(state: TensorDict, batch: TensorDict):
         """One gradient update of critics, actor (every policy_delay-th) and temperature, then targets.
@@ -446,8 +444,9 @@ def make(config: Config, spec: EnvSpec) -> Agent:
         the actor's loss sees the critics before this step, as in rlpyt), one polyak step.
         With policy_delay > 1 (TD3) a `switch` (torch.cond) on the update counter picks the
         step: on the cadence the full one; off it the critics' alone, which never computes the
-        actor's loss or gradient and keeps the actor, its Adam moments and the targets exactly
-        as they were (Adam's step count, shared, still advances).
+        actor's (or the temperature's) loss or gradient and keeps the actor, log alpha, their
+        Adam moments and the targets exactly as they were (Adam's step count, shared, still
+        advances).
         """
         params, target = state["params"], state["target"]
         obs, next_obs = observe(state, batch["obs"]), observe(state, batch["next_obs"])
@@ -457,19 +456,24 @@ def make(config: Config, spec: EnvSpec) -> Agent:
         if delayed:
             on = (state["updates"] % config.policy_delay) == 0
 
+            keys = ("q_mean", "priority", "loss/critic", "loss", *actor_metrics)
+
             def actor_step(params, opt_state):
                 new_params, new_opt, m = gradient_step(loss, params, opt, opt_state, *args)
-                return (new_params, new_opt), tuple(m[k] for k in DELAYED_METRICS)
+                return (new_params, new_opt), tuple(m[k] for k in keys)
 
             def critics_step(params, opt_state):
-                new_params, new_opt, m = gradient_step(critics_only_loss(state["actor_loss"]), params, opt,
-                                                       opt_state, *args)
+                new_params, new_opt, m = gradient_step(critics_only_loss, params, opt, opt_state, *args)
+                m.update(state["actor_metrics"].items())
                 frozen = torch.zeros((), dtype=torch.bool, device=on.device)
-                return ((_freeze(frozen, new_params, params, "actor"), _freeze(frozen, new_opt, opt_state, "actor")),
-                        tuple(m[k] for k in DELAYED_METRICS))
+                for group in params.keys():
+                    if group != "critic":
+                        new_params = _freeze(frozen, new_params, params, group)
+                        new_opt = _freeze(frozen, new_opt, opt_state, group)
+                return (new_params, new_opt), tuple(m[k] for k in keys)
 
             (new_params, new_opt), outs = switch(on, actor_step, critics_step, (params, state["opt_state"]))
-            m = dict(zip(DELAYED_METRICS, outs))
+            m = dict(zip(keys, outs))
             tau = on.to(torch.float32) * config.tau
         else:
             new_params, new_opt, m = gradient_step(loss, params, opt, state["opt_state"], *args)
@@ -479,7 +483,7 @@ def make(config: Config, spec: EnvSpec) -> Agent:
         new_state["target"] = optim.polyak(target, new_params.select(*target_keys), tau)
         new_state["updates"] = state["updates"] + 1
         if delayed:
-            new_state["actor_loss"] = m["loss/actor"]
+            new_state["actor_metrics"] = TensorDict({k: m[k] for k in actor_metrics}, batch_size=[])
         if config.normalize_obs:
             new_state["obs_rms"] = rms_update(state["obs_rms"], batch["obs"])
         priority = m.pop("priority")
