@@ -192,9 +192,9 @@ def main(argv=None):
         "",
         "Both are compute-bound on the 256-wide matrix products. fnrl runs the whole update as one "
         "compiled graph (twin critics as one vmapped batched matmul, one Adam over all parameters, "
-        "one polyak step); TD3's actor step is computed on every update and masked off on the "
-        "delayed steps (no branch, no recompile), whereas SB3 skips it, so SB3 does less TD3 work "
-        "per update (no actor step on every other update).",
+        "one polyak step). TD3 skips its actor step off the policy_delay cadence as SB3 does, "
+        "through a torch.cond in the one graph (no Python branch, no recompile; "
+        "`td3_delay.md`).",
         "",
         f"Reproduce: `python benchmarks/qpg_halfcheetah.py --sb3-python PYTHON_WITH_SB3 --steps {args.steps} "
         f"--updates {args.updates}`.",
