@@ -1,7 +1,9 @@
 """Vmapped seeds: total env steps per second of K seeds in one process vs one seed.
 
 PPO on CartPole-v1 with the default config (`fnrl train ppo`: 8 envs x 32 steps, 20 epochs
-x 1 minibatch, 64-64 tanh MLPs), compiled, threads=1. Contenders, built side by side in one
+x 1 minibatch, 64-64 tanh MLPs), compiled, threads=1 and the update's threads as `fnrl train`
+chooses them (`update_threads_for`: both cores for the 8 x 256-row vmapped update), guard
+checks skipped once warm (`fnrl.train._steady`). Contenders, built side by side in one
 process and timed in alternating rounds (so a change in machine load hits both alike):
 
 - single: what `fnrl train ppo --seed 0` runs (8 envs; compiled act and update pieces);
@@ -29,7 +31,7 @@ import torch
 from fnrl import envs, seeds
 from fnrl.algos import ppo
 from fnrl.samplers import SerialSampler
-from fnrl.train import _make_agent
+from fnrl.train import _intra_op_threads, _make_agent, _steady, update_threads_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
@@ -44,8 +46,12 @@ def load() -> str:
 class Contender:
     """An env pool, an agent and a sampler: one training loop without the logging."""
 
-    def __init__(self, config: ppo.Config, num_seeds: int, compile: bool):
+    def __init__(self, config: ppo.Config, num_seeds: int, compile: bool, threads: int):
         self.width = num_seeds
+        # as `fnrl train` runs it: the update on every core from 2048 rows (8 seeds x 256), guards
+        # skipped once the compiled pieces are warm
+        self.update_threads = update_threads_for(config, False, num_seeds, threads)
+        self.compile, self.warm = compile, False
         if num_seeds == 1:
             self.env = envs.make(config.env_id, config.num_envs, seed=0)
             self.agent = _make_agent(ppo, config, self.env.spec, compile)
@@ -62,10 +68,13 @@ class Contender:
     def iterate(self, n: int, timed: bool = True) -> float:
         t = time.perf_counter()
         for _ in range(n):
-            rollout = self.sampler.collect(self.state)
+            with _steady(self.warm):
+                rollout = self.sampler.collect(self.state)
             self.state["env_steps"] += self.steps_per_iter // self.width
-            self.state, metrics = self.agent.update(self.state, rollout)
+            with _steady(self.warm), _intra_op_threads(self.update_threads):
+                self.state, metrics = self.agent.update(self.state, rollout)
         float(metrics["loss"].sum())
+        self.warm = self.compile
         dt = time.perf_counter() - t
         if timed:
             self.seconds += dt
@@ -93,7 +102,8 @@ def main() -> None:
     modes = [True, False] if args.eager else [True]
     results = []
     for compile in modes:
-        single, many = Contender(config, 1, compile), Contender(config, args.seeds, compile)
+        single, many = (Contender(config, 1, compile, args.threads),
+                        Contender(config, args.seeds, compile, args.threads))
         warm = {name: c.iterate(2, timed=False) for name, c in (("single", single), ("vmapped", many))}
         for _ in range(args.rounds):
             single.iterate(args.iters)
@@ -118,7 +128,8 @@ def main() -> None:
         f"`fnrl train ppo --num-seeds {args.seeds}` (one EnvPool of {args.seeds} x 8 envs, act and update "
         "vmapped over the seeds, then compiled). SPS = env steps of all seeds per second over "
         f"{args.rounds} alternating rounds of {args.iters} iterations each (collect + update, no logging), "
-        "after 2 warm-up iterations; `warm-up s` includes compilation.",
+        "after 2 warm-up iterations; `warm-up s` includes compilation. Update threads as `fnrl train` "
+        f"picks them: single {single.update_threads}, vmapped {many.update_threads}; guard checks skipped once warm.",
         "",
         "| mode | contender | env steps / iteration | SPS | warm-up s | ratio vmapped / single |",
         "|---|---|---:|---:|---:|---:|",
