@@ -268,11 +268,10 @@ def networks(config: Config, spec: EnvSpec) -> Networks:
 # ---------------------------------------------------------------------------
 
 
-def _freeze(mask: torch.Tensor, new: TensorDict, old: TensorDict, group: str) -> TensorDict:
-    """`new`, except the leaves under a key named `group`, which stay `old` (bit-exact) unless
-    the 0-d bool `mask` is True. Works on parameters and on optimizer state alike."""
-    return new.apply(lambda key, n, o: torch.where(mask, n, o) if group in key else n, old,
-                     named=True, nested_keys=True)
+def _keep(new: TensorDict, old: TensorDict, groups: list[str]) -> TensorDict:
+    """`new`, except the leaves under a key named in `groups`, which are `old`'s (the same
+    tensors). Works on parameters and on optimizer state alike."""
+    return new.apply(lambda key, n, o: o if any(g in key for g in groups) else n, old, named=True, nested_keys=True)
 
 
 def scale_by_group_learning_rate(rates: dict[str, float]) -> optim.GradientTransformation:
@@ -414,13 +413,20 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             q = _categorical_mean(q, support)
         return losses.dpg_loss(q).mean(), None
 
+    def critics_only_loss(params, obs, action, target, weight, alpha):
+        """The critics' TD (or cross-entropy) loss alone: the off steps of a delayed update,
+        where the actor's (and temperature's) gradients are zero and never computed."""
+        l_critic, metrics = critic_loss(params["critic"], obs, action, target, weight)
+        metrics = {k: v.detach() for k, v in metrics.items()}
+        metrics["loss/critic"] = l_critic.detach()
+        return l_critic, metrics
+
     def loss(params, obs, action, target, weight, alpha):
         """critic + actor (+ temperature) loss; each term moves only its own parameters."""
-        l_critic, metrics = critic_loss(params["critic"], obs, action, target, weight)
+        total, metrics = critics_only_loss(params, obs, action, target, weight, alpha)
         l_actor, logp = actor_loss(params["actor"], obs, params["critic"].detach(), alpha)
-        metrics = {k: v.detach() for k, v in metrics.items()}
-        metrics["loss/critic"], metrics["loss/actor"] = l_critic.detach(), l_actor.detach()
-        total = l_critic + l_actor
+        metrics["loss/actor"] = l_actor.detach()
+        total = total + l_actor
         if sac:
             metrics["entropy"] = -logp.detach().mean()
         if sac and config.autotune:
@@ -428,14 +434,6 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             metrics["loss/alpha"] = l_alpha.detach()
             total = total + l_alpha
         return total, metrics
-
-    def critics_only_loss(params, obs, action, target, weight, alpha):
-        """`loss` without the actor's (and temperature's) terms, whose gradients are then zero:
-        the off steps of a delayed update."""
-        l_critic, metrics = critic_loss(params["critic"], obs, action, target, weight)
-        metrics = {k: v.detach() for k, v in metrics.items()}
-        metrics["loss/critic"] = l_critic.detach()
-        return l_critic, metrics
 
     def update(state: TensorDict, batch: TensorDict):
         """One gradient update of critics, actor (every policy_delay-th) and temperature, then targets.
@@ -465,12 +463,9 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             def critics_step(params, opt_state):
                 new_params, new_opt, m = gradient_step(critics_only_loss, params, opt, opt_state, *args)
                 m.update(state["actor_metrics"].items())
-                frozen = torch.zeros((), dtype=torch.bool, device=on.device)
-                for group in params.keys():
-                    if group != "critic":
-                        new_params = _freeze(frozen, new_params, params, group)
-                        new_opt = _freeze(frozen, new_opt, opt_state, group)
-                return (new_params, new_opt), tuple(m[k] for k in keys)
+                frozen = [group for group in params.keys() if group != "critic"]
+                return ((_keep(new_params, params, frozen), _keep(new_opt, opt_state, frozen)),
+                        tuple(m[k] for k in keys))
 
             (new_params, new_opt), outs = switch(on, actor_step, critics_step, (params, state["opt_state"]))
             m = dict(zip(keys, outs))
