@@ -168,3 +168,21 @@ def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
     monkeypatch.setenv(envs.ENV_THREADS_VAR, "two")
     with pytest.raises(ConfigError, match=r"FNRL_ENV_THREADS must be a number"):
         envs.make("CartPole-v1", 2)
+
+
+def test_auto_backend_steps_one_classic_control_env_in_process(monkeypatch):
+    """A single classic-control env has nothing for EnvPool to batch, only its thread hand-off
+    (3-4x the step): `auto` steps gymnasium's env in-process, with the same spec; more envs,
+    other families, EnvPool options or an explicit backend keep EnvPool."""
+    for env_id in ("CartPole-v1", "Pendulum-v1", "fnrl/CartPoleNoVel-v1"):
+        one, pool = envs.make(env_id, 1), envs.make(env_id, 1, backend="envpool")
+        assert (one.backend, pool.backend) == ("gymnasium", "envpool")
+        assert one.spec == pool.spec
+        assert one.reset()["obs"].dtype == pool.reset()["obs"].dtype
+        assert set(one.step_td(torch.zeros(1, *one.spec.action_shape, dtype=one.spec.action_dtype)).keys()) == \
+            set(pool.step_td(torch.zeros(1, *pool.spec.action_shape, dtype=pool.spec.action_dtype)).keys())
+    assert envs.make("CartPole-v1", 2).backend == "envpool"
+    assert envs.make("CartPole-v1", 1, num_threads=1).backend == "envpool"
+    assert not envs.steps_in_process("HalfCheetah-v4", 1, {}) and not envs.steps_in_process("Pong-v5", 1, {})
+    monkeypatch.setenv(envs.ENV_THREADS_VAR, "1")
+    assert envs.make("CartPole-v1", 1).backend == "envpool"

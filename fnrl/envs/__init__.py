@@ -22,7 +22,7 @@ from fnrl.envs.batched import BatchedEnv, _NUMPY_TO_TORCH
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 
-__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS"]
+__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS", "steps_in_process"]
 
 FNRL_ENVS: dict[str, tuple[str, tuple[int, ...]]] = {
     # partially observed CartPole: [cart position, pole angle]; the velocities are dropped
@@ -72,6 +72,29 @@ def envpool_threads(env_id: str) -> int:
     return 1 if entry is not None and entry[0] in CHEAP_ENVPOOL_FAMILIES else 0
 
 
+IN_PROCESS_FAMILIES = ("envpool.classic_control",)
+"""EnvPool task families that `make(backend="auto")` steps in-process (gymnasium) for a single env."""
+
+
+def steps_in_process(env_id: str, num_envs: int, envpool_kwargs: dict) -> bool:
+    """Whether `make(env_id, num_envs, backend="auto")` steps gymnasium's `env_id` in this thread
+    instead of EnvPool's: for one env of a classic-control task that gymnasium registers too,
+    unless EnvPool options were given (`num_threads=`, `$FNRL_ENV_THREADS`).
+
+    One env leaves EnvPool nothing to batch, only the hand-off to its worker thread and back,
+    which costs more than a classic-control step by far: with 30-100 µs of the caller's work
+    between steps (EnvPool's worker falls asleep meanwhile), one CartPole step costs 66-67 µs
+    through EnvPool and 17 µs in-process (Pendulum: 64-83 vs 20 µs; `benchmarks/env_step.md`,
+    2-core CPU). In-process stays ahead up to ~4-8 envs there, but batches are EnvPool's job:
+    `auto` keeps it for them. The dynamics, spaces and dtypes are the same; the random initial
+    states differ."""
+    from envpool.registration import registry
+
+    entry = registry.specs.get(env_id)
+    return (num_envs == 1 and not envpool_kwargs and not os.environ.get(ENV_THREADS_VAR)
+            and entry is not None and entry[0] in IN_PROCESS_FAMILIES and env_id in gym.registry)
+
+
 def _space_spec(obs_space, act_space):
     if isinstance(obs_space, gym.spaces.Dict):
         obs_shape = {k: tuple(s.shape) for k, s in obs_space.spaces.items()}
@@ -102,8 +125,9 @@ def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, b
          **kwargs) -> BatchedEnv:
     """Create `num_envs` copies of `env_id` stepped together.
 
-    backend: "envpool" (C++ threads; the default for every id EnvPool knows), "gymnasium"
-        (any registered gymnasium id, e.g. a user's own env, stepped in-process), or "auto".
+    backend: "envpool" (C++ threads), "gymnasium" (any registered gymnasium id, e.g. a
+        user's own env, stepped in-process), or "auto": EnvPool for every id it knows, except
+        a single classic-control env, which is faster in-process (`steps_in_process`).
     train: for Atari, training envs use episodic life and reward clipping; evaluation envs
         (train=False) use neither. Episode statistics always report the raw game score.
     kwargs: passed to `envpool.make` or `gymnasium.make_vec`. EnvPool's `num_threads`
@@ -125,6 +149,8 @@ def _make(env_id: str, num_envs: int, seed: int, *, train: bool, backend: str, *
         raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
     if env_id in FNRL_ENVS:
         return _make_subset(env_id, num_envs, seed, train=train, backend=backend, **kwargs)
+    if backend == "auto" and steps_in_process(env_id, num_envs, kwargs):
+        backend = "gymnasium"
     if backend != "gymnasium" and env_id in _envpool_ids():
         import envpool
 

@@ -183,6 +183,11 @@ class BatchedEnv:
         return {k: self._obs(v) if k == "obs" else torch.from_numpy(v) for k, v in out.items()}
 
     @property
+    def backend(self) -> str:
+        """"envpool" or "gymnasium": what steps these envs."""
+        return "envpool" if self.can_send else "gymnasium"
+
+    @property
     def can_send(self) -> bool:
         """True for EnvPool envs, which can step in the background (`send`, then `recv`)."""
         return hasattr(self.raw, "send") and hasattr(self.raw, "recv")
