@@ -265,10 +265,12 @@ def test_sac_runs_async(tmp_path):
 
 # ---------------------------------------------------------------- shutdown of a real CLI run
 def _start_cli(tmp_path):
-    """`fnrl train dqn --sampler async` in a subprocess: logs every 400 env steps, checkpoints every 4,000."""
+    """`fnrl train dqn --sampler async` in a subprocess: logs every 4,000 env steps, checkpoints every
+    40,000; a run far longer than the tests wait (each ends it with a signal or a kill; with 40k
+    steps a fast machine finished it before the SIGINT)."""
     log = open(tmp_path / "stderr.txt", "w")
     cmd = [sys.executable, "-m", "fnrl.cli", "train", "dqn", "--sampler", "async", "--no-compile", "--quiet",
-           "--log-dir", str(tmp_path / "run"), "--total-steps", "40000", "--learning-starts", "1000",
+           "--log-dir", str(tmp_path / "run"), "--total-steps", "400000", "--learning-starts", "1000",
            "--replay-ratio", "0.02", "--batch-size", "32"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tmp_path,
