@@ -61,15 +61,20 @@ def envpool_threads(env_id: str) -> int:
     1.08-1.31x; Atari steps are heavy enough to gain from more threads (Pong, 8 envs:
     0.70-0.81x as fast with 1 thread). `$FNRL_ENV_THREADS` (`fnrl train --env-threads N`)
     overrides this for every env; `num_threads=` passed to `make` overrides both."""
-    from envpool.registration import registry
-
     forced = os.environ.get(ENV_THREADS_VAR)
     if forced:
         if not forced.isdigit():
             raise ConfigError(f"${ENV_THREADS_VAR} must be a number of threads >= 0, got {forced!r}")
         return int(forced)
+    return 1 if _envpool_family(env_id) in CHEAP_ENVPOOL_FAMILIES else 0
+
+
+def _envpool_family(env_id: str) -> str | None:
+    """EnvPool's task family of `env_id` (e.g. "envpool.classic_control"); None if EnvPool lacks it."""
+    from envpool.registration import registry
+
     entry = registry.specs.get(env_id)
-    return 1 if entry is not None and entry[0] in CHEAP_ENVPOOL_FAMILIES else 0
+    return None if entry is None else entry[0]
 
 
 IN_PROCESS_FAMILIES = ("envpool.classic_control",)
@@ -88,11 +93,8 @@ def steps_in_process(env_id: str, num_envs: int, envpool_kwargs: dict) -> bool:
     2-core CPU). In-process stays ahead up to ~4-8 envs there, but batches are EnvPool's job:
     `auto` keeps it for them. The dynamics, spaces and dtypes are the same; the random initial
     states differ."""
-    from envpool.registration import registry
-
-    entry = registry.specs.get(env_id)
     return (num_envs == 1 and not envpool_kwargs and not os.environ.get(ENV_THREADS_VAR)
-            and entry is not None and entry[0] in IN_PROCESS_FAMILIES and env_id in gym.registry)
+            and _envpool_family(env_id) in IN_PROCESS_FAMILIES and env_id in gym.registry)
 
 
 def _space_spec(obs_space, act_space):
