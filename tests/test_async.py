@@ -266,16 +266,21 @@ def test_sac_runs_async(tmp_path):
 # ---------------------------------------------------------------- shutdown of a real CLI run
 def _start_cli(tmp_path):
     """`fnrl train dqn --sampler async` in a subprocess: logs every 4,000 env steps, checkpoints every
-    40,000; a run far longer than the tests wait (each ends it with a signal or a kill; with 40k
-    steps a fast machine finished it before the SIGINT)."""
+    40,000; a run far longer than the tests wait (each ends it with a signal or a kill)."""
     log = open(tmp_path / "stderr.txt", "w")
     cmd = [sys.executable, "-m", "fnrl.cli", "train", "dqn", "--sampler", "async", "--no-compile", "--quiet",
            "--log-dir", str(tmp_path / "run"), "--total-steps", "400000", "--learning-starts", "1000",
            "--replay-ratio", "0.02", "--batch-size", "32"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # SIGINT's default action in the child: a test run started in the background (`pytest &` from a
+    # non-interactive shell) ignores SIGINT, and an ignored SIGINT is inherited across exec
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tmp_path,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     return proc, log
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _sampler_of(proc) -> int:
