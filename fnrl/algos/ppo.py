@@ -278,26 +278,37 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         flat = TensorDict(batch, batch_size=[T, B])
         if not recurrent:
             flat = flat.reshape(n)
-        progress = state["env_steps"].to(torch.float32) / config.total_steps
-        clip = hp["clip_coef"] * (1.0 - progress).clamp(min=0.0) if config.anneal_clip else hp["clip_coef"]
         valid, target = flat["valid"], flat["target"]
         var_t = masked_mean((target - masked_mean(target, valid)) ** 2, valid)
         explained_var = 1 - masked_mean((target - flat["value"]) ** 2, valid) / (var_t + 1e-8)
-        return new_state, flat, clip, explained_var
+        return new_state, flat, explained_var
+
+    def clip_range(hp, env_steps):
+        """The clipping range: clip_coef, annealed linearly to 0 over total_steps with anneal_clip."""
+        if not config.anneal_clip:
+            return hp["clip_coef"]
+        progress = env_steps.to(torch.float32) / config.total_steps
+        return hp["clip_coef"] * (1.0 - progress).clamp(min=0.0)
 
     def minibatch_step(params, opt_state, flat, index, clip, kl_coef, hp):
         mb = flat[:, index] if recurrent else flat[index]
         return gradient_step(loss, params, opt, opt_state, mb, clip, kl_coef, hp)
 
-    def train_epochs(params, opt_state, flat, perms, clip, kl_coef, hp):
+    def train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp):
         """Every minibatch step of an iteration, in order over the minibatch indices
-        perms [E * M, mb]: (params, opt_state, metrics [E * M])."""
+        perms [E * M, mb]: (params, opt_state, metrics [E * M], clip range).
+
+        The clip range is computed here, inside the graph that holds the scan: passed in
+        from `prepare` it could alias hp["clip_coef"] (it is that tensor without annealing),
+        and a higher-order op refuses operands that alias."""
+        clip = clip_range(hp, env_steps)
+
         def body(carry, index):
             params, opt_state, metrics = minibatch_step(*carry, flat, index, clip, kl_coef, hp)
             return (params, opt_state), metrics
 
         (params, opt_state), history = scan_steps(body, (params, opt_state), perms)
-        return params, opt_state, history
+        return params, opt_state, history, clip
 
     def kl_adapt(params, flat, kl_coef):
         """BatchPPO's penalty coefficient update from the KL between old and new policy."""
@@ -315,7 +326,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
 
     def update(state: TensorDict, rollout: TensorDict):
         """All epochs x minibatches of one iteration: the compiled pieces, sequenced."""
-        new_state, flat, clip, explained_var = prepare(state, rollout)
+        new_state, flat, explained_var = prepare(state, rollout)
         params, opt_state, hp = state["params"], state["opt_state"], state["hp"]
         rows = state.batch_size  # [] or [K] (batched)
         kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(rows)
@@ -323,7 +334,8 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         perms = torch.stack([_permutations(s, t, config.update_epochs, B if recurrent else n)
                              for s, t in zip(seeds, steps)]).to(flat.device)
         perms = perms.view(*rows, -1, mb_size)
-        params, opt_state, history = train_epochs(params, opt_state, flat, perms, clip, kl_coef, hp)
+        params, opt_state, history, clip = train_epochs(params, opt_state, flat, perms,
+                                                        state["env_steps"], kl_coef, hp)
         metrics = {k: v.mean(-1) for k, v in history.items()}
         if config.penalty == "kl":
             new_state["kl_coef"] = metrics["kl_coef"] = kl_adapt(params, flat, kl_coef)
