@@ -154,12 +154,17 @@ def switch(pred: torch.Tensor, on_true: Callable, on_false: Callable, carry: tup
     """`on_true(*carry)` if the 0-d bool `pred` else `on_false(*carry)`, each returning
     (new carry, a tuple of tensors) of the same structure, shapes and dtypes.
 
-    One `torch.cond` (torch's higher-order op), so only the taken branch runs, inside a compiled
-    graph too, without a Python branch on a tensor or a recompile; eagerly the same op picks
-    the branch. Under vmap (seeds), where torch.cond with gradients in its branches does not
-    trace, both branches run and each row takes its own with `torch.where`. The TensorDicts
-    cross as leaves, in one flat tuple with the outputs.
+    One `torch.cond` (torch's higher-order op) inside a compiled graph, so only the taken
+    branch runs, without a Python branch on a tensor or a recompile. In plain eager mode a
+    Python `if` picks the branch: an eager torch.cond traces both branches through TorchDynamo
+    for every new pair of functions (20-40 s for TD3's update on this CPU), and eagerly a sync
+    costs nothing. Under vmap (seeds), where torch.cond with gradients in its branches does
+    not trace, both branches run and each row takes its own with `torch.where`. The
+    TensorDicts cross as leaves, in one flat tuple with the outputs.
     """
+    if _plain_eager():
+        new_carry, outs = (on_true if bool(pred) else on_false)(*carry)
+        return new_carry, tuple(outs)
     leaves = _Leaves(carry)
 
     def branch(fn):
