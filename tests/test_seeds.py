@@ -109,7 +109,8 @@ def test_learning_rate_sweep_rows_equal_single_runs_with_that_rate():
     assert changes[0] > 3 * changes[1]  # the rows really trained with different rates
 
 
-# a fixed clipping range: the clip tensor the update receives must not alias hp["clip_coef"]
+# a fixed clipping range (CleanRL's): the clip range is hp["clip_coef"] itself, which the vmapped
+# update's scan once refused as an operand aliasing another
 FIXED_CLIP = dataclasses.replace(SMALL, anneal_clip=False)
 
 
