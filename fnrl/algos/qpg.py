@@ -279,13 +279,13 @@ def scale_by_group_learning_rate(rates: dict[str, float]) -> optim.GradientTrans
 
     Lets one Adam (`chain(scale_by_adam(), scale_by_group_learning_rate(...))`) move actor,
     critics and temperature with their own step sizes, as separate torch.optim.Adam's would.
-    The rates are float64 0-d tensors in the state ({k: rate_k} for the groups present in
-    the parameters), so stacked states may hold different rates (fnrl.seeds sweeps).
+    The rates are 0-d tensors in the state ({k: rate_k} for the groups present in the
+    parameters, in their dtype: `optim.hyperparameter`), so stacked states may hold different
+    rates (fnrl.seeds sweeps).
     """
 
     def init(params):
-        return TensorDict({k: torch.tensor(float(rates[k]), dtype=torch.float64) for k in params.keys()},
-                          batch_size=[])
+        return TensorDict({k: optim.hyperparameter(rates[k], params.get(k)) for k in params.keys()}, batch_size=[])
 
     def update(grads, state, params=None):
         return TensorDict({k: grads.get(k).mul(-state[k]) for k in grads.keys()}, batch_size=[]), state
