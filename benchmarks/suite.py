@@ -104,7 +104,7 @@ WORKLOADS = [
     # 64k steps: at ~12k SPS the single seed's measured second half lasts ~3 s, as the 8 seeds' does
     Workload("ppo-default-1seed", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536, None,
              "fnrl's default PPO CartPole config (8 envs x 32 steps), one seed", contenders=("raw", "compiled")),
-    Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 16_384, None,
+    Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536, None,
              "the same config, 8 seeds vmapped in one process (`--num-seeds 8`; steps are per seed, SPS counts "
              "all seeds)", train_kwargs={"num_seeds": 8}, contenders=("raw", "compiled")),
 ]
