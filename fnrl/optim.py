@@ -77,11 +77,19 @@ class GradientTransformation(NamedTuple):
 # ---------------------------------------------------------------------------
 
 
+def _leaves(params: TensorDictBase | torch.Tensor) -> list[torch.Tensor]:
+    return [params] if torch.is_tensor(params) else list(params.values(include_nested=True, leaves_only=True))
+
+
+def _device(params: TensorDictBase | torch.Tensor) -> torch.device:
+    """The device of the first leaf of `params` (the TensorDict's own device when it has none)."""
+    leaves = _leaves(params)
+    return leaves[0].device if leaves else params.device
+
+
 def init_step(params: TensorDictBase) -> torch.Tensor:
     """A 0-d int64 update counter, on the device of the first leaf of `params`, set to 0."""
-    leaves = list(params.values(include_nested=True, leaves_only=True))
-    device = leaves[0].device if leaves else params.device
-    return torch.zeros((), dtype=torch.int64, device=device)
+    return torch.zeros((), dtype=torch.int64, device=_device(params))
 
 
 def hyperparameter(value: float, params: TensorDictBase | torch.Tensor) -> torch.Tensor:
@@ -92,11 +100,9 @@ def hyperparameter(value: float, params: TensorDictBase | torch.Tensor) -> torch
     input a Python-float symbol, and a compiled function that takes one traces twice (its
     first trace ends in a restart, `_tensorify_python_scalars`): PPO's cold compile went from
     about 21 to 12 s of tracing."""
-    leaves = [params] if torch.is_tensor(params) else list(params.values(include_nested=True, leaves_only=True))
-    floating = [t for t in leaves if t.is_floating_point()]
+    floating = [t for t in _leaves(params) if t.is_floating_point()]
     dtype = floating[0].dtype if floating else torch.get_default_dtype()
-    device = leaves[0].device if leaves else params.device
-    return torch.tensor(float(value), dtype=dtype, device=device)
+    return torch.tensor(float(value), dtype=dtype, device=_device(params))
 
 
 def _step_as_float(step: torch.Tensor) -> torch.Tensor:
