@@ -303,8 +303,9 @@ def scale_by_stored_learning_rate(lr: float, schedule: Schedule | None = None) -
     """out = -lr * schedule(step) * g, with `lr` a tensor held in the state (optax's inject_hyperparams).
 
     The state is {"lr": 0-d in the parameters' dtype (`hyperparameter`), "step": int64 0-d}.
-    Because the rate lives in the state rather than in the closure, states stacked along a leading axis and vmapped
-    over may each hold their own rate (fnrl.seeds: hyperparameter sweeps in one process).
+    Because the rate lives in the state rather than in the closure, states stacked along a
+    leading axis and vmapped over may each hold their own rate (fnrl.seeds: hyperparameter
+    sweeps in one process).
     `schedule` (optional) multiplies the stored rate, e.g. `linear_schedule(1.0, 0.0, N)`.
     """
 

@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from fnrl import envs, optim
 from fnrl.algos import ALGOS, default_config, load
@@ -30,7 +31,6 @@ def test_no_zero_dim_float64_leaf(name):
 
 
 def test_hyperparameter_takes_the_parameters_dtype_and_device():
-    from tensordict import TensorDict
     for dtype in (torch.float32, torch.float64):
         params = TensorDict({"step": torch.zeros((), dtype=torch.int64), "w": torch.ones(2, dtype=dtype)}, [])
         lr = optim.hyperparameter(3e-4, params)
