@@ -1,7 +1,10 @@
 """SAC and TD3 throughput on HalfCheetah-v4: fnrl (compiled, eager) vs stable-baselines3.
 
 Same settings for all: 256-256 MLPs, batch 256, one gradient update per env step, one env,
-one torch thread. Two numbers per implementation and algorithm:
+one torch thread outside the update. Two numbers per implementation, algorithm and update
+thread count (1, and every core: what `fnrl train` picks for these updates, see
+`fnrl.train.update_threads_for`; SB3 runs its whole loop at that count, torch's default
+being every core):
 
 - updates/s: gradient updates per second on a replay already holding 2,000 random steps
   (fnrl: replay.sample + update, as the training loop does; SB3: `model.train(...)`);
@@ -53,8 +56,10 @@ def fnrl_config(algo: str, steps: int):
     return config(algo, ENV, learning_starts=LEARNING_STARTS, total_steps=LEARNING_STARTS + steps)
 
 
-def fnrl_updates_per_second(algo: str, compiled: bool, n: int) -> float:
+def fnrl_updates_per_second(algo: str, compiled: bool, n: int, threads: int = 1) -> float:
     import torch
+
+    from fnrl.train import _intra_op_threads
 
     from fnrl import envs, replay
     from fnrl.algos import qpg
@@ -72,21 +77,27 @@ def fnrl_updates_per_second(algo: str, compiled: bool, n: int) -> float:
         buffer = replay.add(buffer, rollout)
     env.close()
     update = torch.compile(agent.update, fullgraph=True) if compiled else agent.update
+
+    def step(state):
+        batch = replay.sample(buffer, cfg.batch_size, compiled=compiled)
+        with _intra_op_threads(threads):   # as the training loop calls it
+            return update(state, batch)
+
     for _ in range(3):  # compile / warm up
-        state, _ = update(state, replay.sample(buffer, cfg.batch_size, compiled=compiled))
+        state, _ = step(state)
     start = time.perf_counter()
     for _ in range(n):
-        state, metrics = update(state, replay.sample(buffer, cfg.batch_size, compiled=compiled))
+        state, metrics = step(state)
     float(metrics["loss/critic"])
     return n / (time.perf_counter() - start)
 
 
-def fnrl_env_steps_per_second(algo: str, steps: int) -> float:
+def fnrl_env_steps_per_second(algo: str, steps: int, update_threads: int | None = None) -> float:
     from fnrl.train import train
 
     cfg = fnrl_config(algo, steps)
     result = train(algo, cfg, seed=0, compile=True, quiet=True, log_dir=tempfile.mkdtemp() + "/run",
-                   log_interval=500, tensorboard=False, plot=False)
+                   log_interval=500, tensorboard=False, plot=False, update_threads=update_threads)
     rows = [r for r in result.history if r["env_steps"] > LEARNING_STARTS + 1000]  # past compilation
     return sum(500 for _ in rows) / sum(500 / r["sps"] for r in rows)
 
@@ -96,7 +107,7 @@ def fnrl_env_steps_per_second(algo: str, steps: int) -> float:
 # ---------------------------------------------------------------------------
 
 
-def sb3_worker(algo: str, steps: int, updates: int) -> dict:
+def sb3_worker(algo: str, steps: int, updates: int, threads: int = 1) -> dict:
     import importlib.util
     import types
 
@@ -108,7 +119,7 @@ def sb3_worker(algo: str, steps: int, updates: int) -> dict:
     from stable_baselines3 import SAC, TD3
     from stable_baselines3.common.noise import NormalActionNoise
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     common = dict(buffer_size=1_000_000, batch_size=256, learning_starts=LEARNING_STARTS, train_freq=1,
                   gradient_steps=1, gamma=0.99, tau=0.005, policy_kwargs=dict(net_arch=[256, 256]),
                   device="cpu", seed=0, verbose=0)
@@ -129,9 +140,9 @@ def sb3_worker(algo: str, steps: int, updates: int) -> dict:
     return {"updates_per_s": ups, "env_steps_per_s": sps, "version": stable_baselines3.__version__}
 
 
-def sb3(algo: str, python: str, steps: int, updates: int) -> dict:
-    out = subprocess.run([python, __file__, "--sb3-worker", algo, str(steps), str(updates)], capture_output=True,
-                         text=True, check=True)
+def sb3(algo: str, python: str, steps: int, updates: int, threads: int = 1) -> dict:
+    out = subprocess.run([python, __file__, "--sb3-worker", algo, str(steps), str(updates), str(threads)],
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -143,46 +154,61 @@ def main(argv=None):
     parser.add_argument("--sb3-python", default=sys.executable)
     parser.add_argument("--steps", type=int, default=3000, help="training-loop env steps timed past learning_starts")
     parser.add_argument("--updates", type=int, default=300, help="updates timed (compiled, SB3); eager: a tenth")
-    parser.add_argument("--sb3-worker", nargs=3, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--sb3-worker", nargs=4, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = parser.parse_args(argv)
     if args.sb3_worker:
-        algo, steps, updates = args.sb3_worker
-        print(json.dumps(sb3_worker(algo, int(steps), int(updates))))
+        algo, steps, updates, threads = args.sb3_worker
+        print(json.dumps(sb3_worker(algo, int(steps), int(updates), int(threads))))
         return
 
     import torch
 
     torch.set_num_threads(1)
     where = machine()
+    cores = len(os.sched_getaffinity(0))
+    from fnrl.train import update_threads_for
+
     rows = []
     for algo in ("sac", "td3"):
-        r = {"algo": algo, "load": os.getloadavg()[0]}
-        r["fnrl_compiled_ups"] = fnrl_updates_per_second(algo, True, args.updates)
-        r["fnrl_eager_ups"] = fnrl_updates_per_second(algo, False, max(10, args.updates // 10))
-        r["fnrl_sps"] = fnrl_env_steps_per_second(algo, args.steps)
-        s = sb3(algo, args.sb3_python, args.steps, args.updates)
-        r["sb3_ups"], r["sb3_sps"], sb3_version = s["updates_per_s"], s["env_steps_per_s"], s["version"]
+        picked = update_threads_for(fnrl_config(algo, 0), True, 1, 1)
+        r = {"algo": algo, "load": os.getloadavg()[0], "picked": picked}
+        for t in sorted({1, cores}):
+            r[f"fnrl_compiled_ups_{t}"] = fnrl_updates_per_second(algo, True, args.updates, t)
+            r[f"fnrl_sps_{t}"] = fnrl_env_steps_per_second(algo, args.steps, t)
+            s3 = sb3(algo, args.sb3_python, args.steps, args.updates, t)
+            r[f"sb3_ups_{t}"], r[f"sb3_sps_{t}"], sb3_version = s3["updates_per_s"], s3["env_steps_per_s"], s3["version"]
+        r["fnrl_eager_ups"] = fnrl_updates_per_second(algo, False, max(10, args.updates // 10), picked)
         r["load_end"] = os.getloadavg()[0]
         rows.append(r)
         print(json.dumps(r), flush=True)
 
+    threads = sorted({1, cores})
     lines = [
         "# SAC and TD3 throughput on HalfCheetah-v4",
         "",
-        f"Machine: {where}. One torch thread for every implementation; stable-baselines3 {sb3_version} "
-        "(gymnasium MuJoCo env), fnrl with EnvPool. Settings: 256-256 MLPs, batch 256, one update per "
-        "env step, one env (CleanRL's MuJoCo settings, `experiments/mujoco.py`). One run each; the "
-        "machine is shared, so expect noise of tens of percent.",
+        f"Machine: {where}. stable-baselines3 {sb3_version} (gymnasium MuJoCo env), fnrl with EnvPool. "
+        "Settings: 256-256 MLPs, batch 256, one update per env step, one env (CleanRL's MuJoCo settings, "
+        "`experiments/mujoco.py`). `N thr`: the update on N torch threads (fnrl: the rest of the loop on 1, "
+        f"as `fnrl train` runs it, which picks {cores} for these updates; SB3: its whole loop on N). One run "
+        "each, one after the other; the machine is shared, so expect noise of tens of percent.",
         "",
-        "| algo | fnrl compiled updates/s | fnrl eager updates/s | SB3 updates/s | fnrl compiled env steps/s "
-        "| SB3 env steps/s | fnrl / SB3 (env steps/s) | load avg (start, end) |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| algo | threads | fnrl compiled updates/s | SB3 updates/s | fnrl compiled env steps/s | SB3 env steps/s "
+        "| fnrl / SB3 (env steps/s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['algo']} | {r['fnrl_compiled_ups']:.0f} | {r['fnrl_eager_ups']:.0f} | {r['sb3_ups']:.0f} "
-                     f"| {r['fnrl_sps']:.0f} | {r['sb3_sps']:.0f} | {r['fnrl_sps'] / r['sb3_sps']:.2f}x "
-                     f"| {r['load']:.1f}, {r['load_end']:.1f} |")
+        for t in threads:
+            lines.append(f"| {r['algo']} | {t} | {r[f'fnrl_compiled_ups_{t}']:.0f} | {r[f'sb3_ups_{t}']:.0f} "
+                         f"| {r[f'fnrl_sps_{t}']:.0f} | {r[f'sb3_sps_{t}']:.0f} "
+                         f"| {r[f'fnrl_sps_{t}'] / r[f'sb3_sps_{t}']:.2f}x |")
+    lines += [""]
+    for r in rows:
+        best = max(r[f"sb3_sps_{t}"] for t in threads)
+        mine = r[f"fnrl_sps_{r['picked']}"]
+        lines.append(f"- {r['algo']}: `fnrl train` ({r['picked']} update thread(s)) {mine:.0f} env steps/s vs SB3's "
+                     f"faster setting {best:.0f}: **{mine / best:.2f}x** (target 2x); fnrl eager "
+                     f"{r['fnrl_eager_ups']:.0f} updates/s; load {r['load']:.1f} -> {r['load_end']:.1f}.")
     lines += [
         "",
         "updates/s: replay sample + one gradient update (critics, actor, temperature, targets) on a "

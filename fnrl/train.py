@@ -155,26 +155,43 @@ def _steady(warm: bool):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
 
 
-UPDATE_ROWS_FOR_ALL_CORES = 2048
-"""On-policy minibatches of at least this many rows (all vmapped rows together) update on every core."""
+UPDATE_MACS_FOR_ALL_CORES = 2048 * 64 * 64
+"""Updates whose widest matrix product (rows x width in x width out of one hidden layer, all
+vmapped rows together) has at least this many multiply-adds run on every core: PPO CartPole's
+2048-row minibatches through its 64x64 layer."""
+
+
+def widest_layer(hidden) -> int:
+    """in x out of the widest hidden-to-hidden layer of an MLP with hidden sizes `hidden` (h x h for one)."""
+    widths = tuple(hidden or ())
+    if len(widths) < 2:
+        return widths[0] ** 2 if widths else 0
+    return max(a * b for a, b in zip(widths, widths[1:]))
 
 
 def update_threads_for(config, off_policy: bool, width: int, threads: int | None,
                        images: bool = False) -> int | None:
     """The torch intra-op threads of the update when `--update-threads` is not given.
 
-    The env is idle while an on-policy update runs, so its GEMMs can have every core. That
-    pays from about two thousand rows, or at any size with image observations (conv torso):
-    PPO CartPole with 2048-row minibatches (64 envs x 128, 4 minibatches) updated 1.22-1.4x
-    faster on 2 threads than on 1, while 1024 rows ran 0.89-1.17x as fast, 128 rows
-    (CleanRL's 4 envs) 0.88-0.91x and fnrl's default 256 rows 0.84x (compiled); PPO Pong's
-    Nature CNN update (256-row minibatches) 1.4x faster (eager). Interleaved in one process,
-    2 cores (`benchmarks/threads.md`).
-    Off-policy updates (batches of 128-256 rows, about one per env step) keep `threads`."""
-    if threads is None or off_policy:
+    The envs are idle while the serial loop updates, so the update's matrix products can have
+    every core. That pays from about 2048 x 64 x 64 multiply-adds per layer
+    (`UPDATE_MACS_FOR_ALL_CORES`: rows = an on-policy minibatch or an off-policy batch, times
+    the vmapped rows, times `widest_layer(config.hidden)`), or at any size with image
+    observations (conv torso). Interleaved on 2 cores (`benchmarks/threads.md`), 1 vs 2
+    threads: PPO CartPole's 2048-row minibatches 1.22-1.4x faster on 2, 1024 rows 0.89-1.17x,
+    128 rows (CleanRL's 4 envs) 0.88-0.91x and fnrl's default 256 rows 0.84x; PPO Pong's
+    Nature CNN 1.4x; replay sample + update of SAC / TD3 HalfCheetah (batch 256, 256x256)
+    1.43x, DQN CartPole's default (batch 128, 256x256) 1.29x, DQN Pong (batch 32, Nature CNN)
+    1.75x, while CleanRL's DQN CartPole (batch 128, 120x84) 1.05x and SAC Pendulum's
+    default (batch 256, 64x64) 0.94x stay on `threads`. None keeps torch's own default."""
+    if threads is None:
         return threads
-    rows = config.num_envs * config.num_steps // getattr(config, "num_minibatches", 1) * width
-    return len(os.sched_getaffinity(0)) if images or rows >= UPDATE_ROWS_FOR_ALL_CORES else threads
+    if off_policy:
+        rows = config.batch_size * width
+    else:
+        rows = config.num_envs * config.num_steps // getattr(config, "num_minibatches", 1) * width
+    macs = rows * widest_layer(getattr(config, "hidden", ()))
+    return len(os.sched_getaffinity(0)) if images or macs >= UPDATE_MACS_FOR_ALL_CORES else threads
 
 
 @contextlib.contextmanager
@@ -268,8 +285,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     threads: torch intra-op threads (1 suits small networks on a few cores; None keeps
         torch's default).
     update_threads: torch intra-op threads while the serial loop updates (default: see
-        `update_threads_for`: every core for on-policy minibatches of >= 2048 rows or of images,
-        else `threads`).
+        `update_threads_for`: every core for updates of at least 2048 x 64 x 64 multiply-adds
+        per layer or of images, else `threads`).
     resume: a run folder; training continues from its checkpoint with its config.
     stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value
         (with several seeds: once every seed has had a row that reaches it).

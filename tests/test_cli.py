@@ -106,7 +106,7 @@ def test_stop_return_ends_the_run_at_the_first_interval_that_reaches_it(tmp_path
 
 
 def test_update_threads_default_rule_and_the_loop_switching_to_them(tmp_path, monkeypatch):
-    from fnrl.algos import dqn, ppo
+    from fnrl.algos import dqn, ppo, qpg
 
     cores = len(os.sched_getaffinity(0))
     wide = ppo.Config(num_envs=64, num_steps=128, num_minibatches=4)   # 2048-row minibatches
@@ -114,7 +114,11 @@ def test_update_threads_default_rule_and_the_loop_switching_to_them(tmp_path, mo
     assert train_module.update_threads_for(ppo.Config(), False, 1, 1) == 1   # 256 rows
     assert train_module.update_threads_for(ppo.Config(), False, 1, 1, images=True) == cores   # conv torso
     assert train_module.update_threads_for(ppo.Config(), False, 8, 1) == cores   # 8 vmapped seeds: 2048 rows
-    assert train_module.update_threads_for(dqn.Config(), True, 1, 1) == 1
+    assert train_module.update_threads_for(dqn.Config(), True, 1, 1) == cores   # batch 128 x 256 x 256
+    assert train_module.update_threads_for(dqn.Config(hidden=(120, 84)), True, 1, 1) == 1   # CleanRL's net
+    assert train_module.update_threads_for(qpg.Config(), True, 1, 1) == 1   # batch 256 x 64 x 64
+    assert train_module.update_threads_for(qpg.Config(hidden=(256, 256)), True, 1, 1) == cores   # MuJoCo nets
+    assert train_module.update_threads_for(dqn.Config(hidden=(120, 84)), True, 1, 1, images=True) == cores
     assert train_module.update_threads_for(wide, False, 1, None) is None   # torch's own default is kept
 
     calls = []
