@@ -161,7 +161,7 @@ vmapped rows together) has at least this many multiply-adds run on every core: P
 2048-row minibatches through its 64x64 layer."""
 
 
-def widest_layer(hidden) -> int:
+def _widest_layer(hidden) -> int:
     """in x out of the widest hidden-to-hidden layer of an MLP with hidden sizes `hidden` (h x h for one)."""
     widths = tuple(hidden or ())
     if len(widths) < 2:
@@ -176,21 +176,22 @@ def update_threads_for(config, off_policy: bool, width: int, threads: int | None
     The envs are idle while the serial loop updates, so the update's matrix products can have
     every core. That pays from about 2048 x 64 x 64 multiply-adds per layer
     (`UPDATE_MACS_FOR_ALL_CORES`: rows = an on-policy minibatch or an off-policy batch, times
-    the vmapped rows, times `widest_layer(config.hidden)`), or at any size with image
+    the vmapped rows, times `_widest_layer(config.hidden)`), or at any size with image
     observations (conv torso). Interleaved on 2 cores (`benchmarks/threads.md`), 1 vs 2
     threads: PPO CartPole's 2048-row minibatches 1.22-1.4x faster on 2, 1024 rows 0.89-1.17x,
     128 rows (CleanRL's 4 envs) 0.88-0.91x and fnrl's default 256 rows 0.84x; PPO Pong's
-    Nature CNN 1.4x; replay sample + update of SAC / TD3 HalfCheetah (batch 256, 256x256)
-    1.43x, DQN CartPole's default (batch 128, 256x256) 1.29x, DQN Pong (batch 32, Nature CNN)
-    1.75x, while CleanRL's DQN CartPole (batch 128, 120x84) 1.05x and SAC Pendulum's
-    default (batch 256, 64x64) 0.94x stay on `threads`. None keeps torch's own default."""
+    Nature CNN 1.4x; replay sample + update (two runs) of SAC / TD3 HalfCheetah (batch 256,
+    256x256) 1.43-1.48x / 1.43-1.45x, DQN CartPole's default (batch 128, 256x256) 1.29-1.32x,
+    DQN Pong (batch 32, Nature CNN) 1.35-1.75x, while CleanRL's DQN CartPole (batch 128,
+    120x84) 0.98-1.05x and SAC Pendulum's default (batch 256, 64x64) 0.85-0.94x stay on
+    `threads`. None keeps torch's own default."""
     if threads is None:
         return threads
     if off_policy:
         rows = config.batch_size * width
     else:
         rows = config.num_envs * config.num_steps // getattr(config, "num_minibatches", 1) * width
-    macs = rows * widest_layer(getattr(config, "hidden", ()))
+    macs = rows * _widest_layer(getattr(config, "hidden", ()))
     return len(os.sched_getaffinity(0)) if images or macs >= UPDATE_MACS_FOR_ALL_CORES else threads
 
 
