@@ -59,11 +59,10 @@ def fnrl_config(algo: str, steps: int):
 def fnrl_updates_per_second(algo: str, compiled: bool, n: int, threads: int = 1) -> float:
     import torch
 
-    from fnrl.train import _intra_op_threads
-
     from fnrl import envs, replay
     from fnrl.algos import qpg
     from fnrl.samplers import SerialSampler
+    from fnrl.train import _intra_op_threads
 
     cfg = fnrl_config(algo, 0)
     env = envs.make(ENV, 1, seed=0)
@@ -189,8 +188,9 @@ def main(argv=None):
         "",
         f"Machine: {where}. stable-baselines3 {sb3_version} (gymnasium MuJoCo env), fnrl with EnvPool. "
         "Settings: 256-256 MLPs, batch 256, one update per env step, one env (CleanRL's MuJoCo settings, "
-        "`experiments/mujoco.py`). `N thr`: the update on N torch threads (fnrl: the rest of the loop on 1, "
-        f"as `fnrl train` runs it, which picks {cores} for these updates; SB3: its whole loop on N). One run "
+        "`experiments/mujoco.py`). `threads`: the update's torch threads (fnrl: the rest of the loop on 1, "
+        f"as `fnrl train` runs it, which picks {' / '.join(str(r['picked']) for r in rows)} for SAC / TD3 here; "
+        "SB3: its whole loop on that many). One run "
         "each, one after the other; the machine is shared, so expect noise of tens of percent.",
         "",
         "| algo | threads | fnrl compiled updates/s | SB3 updates/s | fnrl compiled env steps/s | SB3 env steps/s "
