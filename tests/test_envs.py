@@ -105,6 +105,61 @@ def test_dict_observations_become_nested_tensordicts_and_train():
     assert torch.isfinite(metrics["loss"])
 
 
+STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return", "episode_length")
+
+
+@pytest.mark.parametrize("atari", [False, True])
+def test_finish_steps_equals_step_by_step_bookkeeping(atari):
+    """`finish_steps` on [T, B] arrays (in chunks, carrying episodes across them) writes what
+    T per-step `_wrap` calls return: flags, valid, episode ends and lengths exactly, returns
+    to float64 rounding (sums of float32 rewards: equal here), with Atari's raw score and
+    game-over flag."""
+    T, B = 300, 16
+    rng = np.random.default_rng(0)
+    reward = rng.normal(size=(T, B)).astype(np.float32)
+    terminated, truncated = rng.random((T, B)) < 0.03, rng.random((T, B)) < 0.01
+    score, lives_over = rng.normal(size=(T, B)) * 10, rng.random((T, B)) < 0.5
+    per_step, bulk = (envs.make("CartPole-v1", B, seed=0) for _ in range(2))
+    per_step.atari = bulk.atari = atari   # only the bookkeeping is exercised
+    rows = [per_step._wrap(None, reward[t], terminated[t], truncated[t],
+                           {"reward": score[t], "terminated": lives_over[t]}) for t in range(T)]
+    out = {k: np.zeros((T, B), dtype=rows[0][k].dtype) for k in STEP_KEYS}
+    out["reward"][:], out["terminated"][:], out["truncated"][:] = reward, terminated, truncated
+    for lo in range(0, T, 37):
+        chunk = {k: v[lo:lo + 37] for k, v in out.items()}
+        bulk.finish_steps(chunk, score[lo:lo + 37], lives_over[lo:lo + 37]) if atari else bulk.finish_steps(chunk)
+    for k in STEP_KEYS:
+        expected = np.stack([r[k] for r in rows])
+        if k == "episode_return":
+            np.testing.assert_allclose(out[k], expected, rtol=1e-6, atol=1e-6, err_msg=k)
+        else:
+            np.testing.assert_array_equal(out[k], expected, err_msg=k)
+    assert out["episode_end"].sum() > 50 and (out["episode_end"] != out["done"]).any() == atari
+    np.testing.assert_allclose(bulk._ep_return, per_step._ep_return, rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(bulk._ep_length, per_step._ep_length)
+
+
+@pytest.mark.parametrize("env_id, backend", [("fnrltest/CountTerm-v0", "gymnasium"), ("CartPole-v1", "envpool")])
+def test_serial_collect_bookkeeps_once_per_rollout_as_step_by_step(env_id, backend):
+    """The serial sampler fills the flags and episode statistics once per collect
+    (`Lane.record_raw` + `finish`); the same envs stepped with per-step bookkeeping give the
+    same rollouts, across episode ends, truncations and collects."""
+    def policy(state, obs, carry, explore):
+        return (obs.flatten(1)[:, 0] > 0).to(torch.int64), {"value": obs.flatten(1).sum(1)}, carry
+
+    kwargs = {"max_episode_steps": 7} if backend == "envpool" else {}
+    fast, slow = (SerialSampler(envs.make(env_id, num_envs=3, seed=0, backend=backend, **kwargs), policy, 10)
+                  for _ in range(2))
+    for i in range(4):
+        a, b = fast.collect(None), slow.collect(None)
+        slow.lane.batched_bookkeeping = False
+        assert fast.lane.batched_bookkeeping
+        assert a.keys() == b.keys()
+        for k in a.keys():
+            assert torch.equal(a[k], b[k]), (i, k)
+    assert a["episode_end"].any() and b["truncated"].any() == (backend == "envpool")
+
+
 @pytest.mark.slow
 def test_ppo_runs_on_pong(tmp_path):
     """Atari smoke test: a few PPO iterations with the Nature CNN on EnvPool's Pong-v5."""

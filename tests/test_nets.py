@@ -44,3 +44,30 @@ def test_conv_torso_under_vmap_equals_each_network_alone():
     with torch.no_grad():
         expected = torch.stack([net(x) for net, x in zip(nets, frames)])
     torch.testing.assert_close(out.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_narrow_linear_compiled_equals_linear_in_value_and_gradients():
+    """`NarrowLinear` heads (elementwise under torch.compile) give nn.Linear's outputs and
+    gradients, with nn.Linear's parameters and state dict, also under vmap (seeds)."""
+    from fnrl.nets import NarrowLinear
+
+    torch.manual_seed(0)
+    wide, narrow = torch.nn.Linear(64, 2), NarrowLinear(64, 2)
+    narrow.load_state_dict(wide.state_dict())
+    assert list(narrow.state_dict()) == ["weight", "bias"]
+    params = {k: v.detach() for k, v in wide.named_parameters()}
+    x = torch.randn(3, 256, 64)
+
+    def grads_and_loss(module, params, x):
+        return torch.func.grad_and_value(lambda p: (torch.func.functional_call(module, p, (x,)) ** 2).sum())(params)
+
+    def assert_close(got, want):
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+        for k in params:
+            torch.testing.assert_close(got[0][k], want[0][k], rtol=1e-5, atol=1e-4)
+
+    stacked = {k: v.expand(3, *v.shape).clone() for k, v in params.items()}
+    rows = torch.compile(torch.func.vmap(lambda p, x: grads_and_loss(narrow, p, x)), fullgraph=True)(stacked, x)
+    for i in range(3):
+        assert_close(({k: g[i] for k, g in rows[0].items()}, rows[1][i]), grads_and_loss(wide, params, x[i]))
+    assert torch.equal(narrow(x), torch.nn.functional.linear(x, narrow.weight, narrow.bias))   # eager: F.linear

@@ -204,7 +204,64 @@ class BatchedEnv:
         """`recv` before the conversion to torch (see `step_arrays`)."""
         return self._wrap(*self._calls.recv())
 
+    def step_raw(self, action: torch.Tensor) -> tuple:
+        """One step of all envs without the bookkeeping: the backend's
+        `(obs, reward, terminated, truncated, info)` (numpy; `info` holds Atari's `reward` and
+        `terminated`). A caller that steps T times this way and keeps the [T, B] arrays must
+        call `finish_steps` on them once, in order, before the next `step`."""
+        return self._calls.step(self._np_action(action))
+
+    def finish_steps(self, steps: dict, score: np.ndarray | None = None,
+                     lives_over: np.ndarray | None = None) -> None:
+        """The flags and episode statistics of T consecutive steps at once, in place.
+
+        `steps` holds [T, B] numpy arrays of the step keys (module docstring): `reward`,
+        `terminated` and `truncated` are read, `done`, `valid`, `episode_end`,
+        `episode_return` and `episode_length` written. Atari envs also take `score` [T, B],
+        the raw game score (`info["reward"]`), and `lives_over` [T, B], the game-over flag
+        (`info["terminated"]`). With running return R and length L per env (carried between
+        calls):
+
+            done_t = terminated_t | truncated_t,   valid_t = not done_{t-1}
+            R_t = R_{t-1} [not end_{t-1}] + valid_t score_t     (score = reward but for Atari)
+            episode_return_t = R_t [end_t],   episode_length_t likewise with valid_t for score_t
+
+        computed with cumulative sums over t (one pass per key, not one per step): the same
+        flags and lengths as T calls of `step_arrays`, the same returns up to float64 rounding."""
+        terminated, truncated = steps["terminated"], steps["truncated"]
+        done = np.logical_or(terminated, truncated, out=steps["done"])
+        valid = steps["valid"]
+        valid[0] = ~self._prev_done
+        np.logical_not(done[:-1], out=valid[1:])
+        self._prev_done = done[-1].copy()
+        end = steps["episode_end"]
+        if self.atari:
+            np.logical_and(done, truncated | lives_over, out=end)
+        else:
+            end[...] = done
+            score = steps["reward"]
+        T = len(done)
+        # the last episode end strictly before t (-1: none in these T steps)
+        last_end = np.maximum.accumulate(np.where(end, np.arange(T)[:, None], -1), axis=0)
+        before = np.concatenate([np.full((1, end.shape[1]), -1), last_end[:-1]])
+        increment = np.where(valid, score.astype(np.float64, copy=False), 0.0)
+        self._ep_return = self._running(increment, self._ep_return, end, before, steps["episode_return"])
+        self._ep_length = self._running(valid.astype(np.int64), self._ep_length, end, before,
+                                        steps["episode_length"])
+
+    @staticmethod
+    def _running(increment, start, end, before, out) -> np.ndarray:
+        """Write the running sums that end on `end` steps into `out`; return the sums carried on."""
+        increment[0] += start
+        total = np.cumsum(increment, axis=0)
+        base = np.take_along_axis(total, np.maximum(before, 0), axis=0) * (before >= 0)
+        running = total - base
+        np.copyto(out, np.where(end, running, 0))
+        return np.where(end[-1], 0, running[-1])
+
     def _wrap(self, obs, reward, terminated, truncated, info) -> dict:
+        """One step's dict from the backend's arrays: the per-step form of `finish_steps`
+        (a dozen numpy calls on [B] arrays, where `finish_steps` on T = 1 would take ~30)."""
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
         reward = np.asarray(reward, dtype=np.float32)

@@ -107,6 +107,7 @@ class Lane:
         self._reset = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
         self._obs = env.reset()["obs"].to(self.device)   # the observation the next action is chosen from
         self._pending = None
+        self.batched_bookkeeping = False   # set by `bind` (see `record_raw`)
         self._collected = False   # a step has been recorded: obs[T] of the buffer is the last observation
 
     def bind(self, buffer: RolloutBuffer) -> None:
@@ -122,6 +123,11 @@ class Lane:
         self._np_policy = ({k: v.numpy() for k, v in self._writes.items()
                             if k not in STEP_KEYS and isinstance(v, torch.Tensor)} if on_cpu else {})
         self._obs_rows = self._obs_buf.unbind(0)   # obs[t] views
+        # `record_raw` + `finish`: the flags and episode statistics once per collect, not per step
+        self.batched_bookkeeping = self._np_writes is not None and not buffer.recurrent
+        if self.batched_bookkeeping and self.env.atari:
+            shape = self._np_writes["reward"].shape
+            self._score, self._lives_over = np.zeros(shape), np.zeros(shape, dtype=bool)
 
     def begin(self) -> None:
         """Start a collect: obs[0] is the last observation of the previous one."""
@@ -176,6 +182,38 @@ class Lane:
             self._write(t, "reset", reset)
         self._obs = self._obs_rows[t + 1]
         self._collected = True
+
+    def record_raw(self, t: int, raw: tuple) -> None:
+        """`record` for `env.step_raw(...)`'s arrays, where `batched_bookkeeping` is set (a CPU
+        rollout of a feed-forward policy, once the buffer exists): writes obs[t + 1], the
+        step's reward, terminated and truncated, the action and the extras; `finish` then
+        fills the other step keys of steps 0 .. t at once."""
+        obs, reward, terminated, truncated, info = raw
+        action, extras, _ = self._pending
+        if t == 0:
+            self._obs_buf[0] = self._obs
+        if self._np_obs is not None:
+            self._np_obs[t + 1] = self.env.obs_array(obs)
+        else:
+            self._obs_buf[t + 1] = self.env._obs(obs)
+        w = self._np_writes
+        w["reward"][t], w["terminated"][t], w["truncated"][t] = reward, terminated, truncated
+        if self.env.atari:
+            self._score[t], self._lives_over[t] = info["reward"], info["terminated"]
+        self._write(t, "action", action)
+        for k, v in extras.items():
+            self._write(t, k, v)
+        self._obs = self._obs_rows[t + 1]
+        self._collected = True
+
+    def finish(self, steps: int) -> None:
+        """After `record_raw` of steps 0 .. steps - 1: their flags and episode statistics
+        (`BatchedEnv.finish_steps`), as `record` of `env.step_arrays` would have written them."""
+        rows = {k: v[:steps] for k, v in self._np_writes.items()}
+        if self.env.atari:
+            self.env.finish_steps(rows, self._score[:steps], self._lives_over[:steps])
+        else:
+            self.env.finish_steps(rows)
 
     def _write(self, t: int, key: str, value) -> None:
         view = self._np_policy.get(key)

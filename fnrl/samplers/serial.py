@@ -58,10 +58,15 @@ class SerialSampler:
     @torch.no_grad()
     def collect(self, state, explore: bool = True) -> TensorDict:
         """Step the env `horizon` times; return the (reused) rollout TensorDict [T, B]."""
-        lane = self.lane
+        lane, env = self.lane, self.env
         lane.begin()
-        for t in range(self.horizon):
-            lane.record(t, self.env.step_arrays(lane.act(state, explore)))
+        if lane.batched_bookkeeping:   # the flags and episode statistics once, after the steps
+            for t in range(self.horizon):
+                lane.record_raw(t, env.step_raw(lane.act(state, explore)))
+            lane.finish(self.horizon)
+        else:
+            for t in range(self.horizon):
+                lane.record(t, env.step_arrays(lane.act(state, explore)))
         return lane.rollout
 
     def close(self) -> None:
