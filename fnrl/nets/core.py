@@ -45,7 +45,7 @@ class NarrowLinear(nn.Linear):
     kernels around it, where a [N, K] x [K, J] GEMM with J of 1 or 2 is a library call that
     moves the whole [N, K] input for a few multiply-adds per row. The vector-observation
     actor-critic's policy and value heads use it: PPO CartPole's compiled update runs
-    1.05-1.07x faster with 128- to 2048-row minibatches, vmapped seeds too, while the ReLU
+    1.05-1.11x faster with 128- to 2048-row minibatches, vmapped seeds too, while the ReLU
     heads of DQN and TD3 (batch 128 / 256) ran 0.96x with it and keep `nn.Linear`
     (`benchmarks/narrow_heads.md`). Wider layers, and eager mode, use `F.linear`.
     """
