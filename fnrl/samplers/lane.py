@@ -160,28 +160,18 @@ class Lane:
         elif self.buffer.recurrent:
             valid = torch.from_numpy(step["valid"]) if arrays else step["valid"]
             self._reset = ~valid.to(self.device)
-        if t == 0:
-            self._obs_buf[0] = self._obs
-        w = self._writes
         if arrays and self._np_writes is not None:
-            if self._np_obs is not None:
-                self._np_obs[t + 1] = self.env.obs_array(step["obs"])
-            else:
-                self._obs_buf[t + 1] = self.env._obs(step["obs"])
+            self._write_obs_array(t, step["obs"])
             for k, buf in self._np_writes.items():
                 buf[t] = step[k]
         else:
             step = self.env.to_torch(step) if arrays else step
+            if t == 0:
+                self._obs_buf[0] = self._obs
             self._obs_buf[t + 1] = step["obs"]
             for k in STEP_KEYS:
-                w[k][t] = step[k]
-        self._write(t, "action", action)
-        for k, v in extras.items():
-            self._write(t, k, v)
-        if self.buffer.recurrent:
-            self._write(t, "reset", reset)
-        self._obs = self._obs_rows[t + 1]
-        self._collected = True
+                self._writes[k][t] = step[k]
+        self._write_policy(t, action, extras, reset if self.buffer.recurrent else None)
 
     def record_raw(self, t: int, raw: tuple) -> None:
         """`record` for `env.step_raw(...)`'s arrays, where `batched_bookkeeping` is set (a CPU
@@ -190,21 +180,12 @@ class Lane:
         fills the other step keys of steps 0 .. t at once."""
         obs, reward, terminated, truncated, info = raw
         action, extras, _ = self._pending
-        if t == 0:
-            self._obs_buf[0] = self._obs
-        if self._np_obs is not None:
-            self._np_obs[t + 1] = self.env.obs_array(obs)
-        else:
-            self._obs_buf[t + 1] = self.env._obs(obs)
+        self._write_obs_array(t, obs)
         w = self._np_writes
         w["reward"][t], w["terminated"][t], w["truncated"][t] = reward, terminated, truncated
         if self.env.atari:
             self._score[t], self._lives_over[t] = info["reward"], info["terminated"]
-        self._write(t, "action", action)
-        for k, v in extras.items():
-            self._write(t, k, v)
-        self._obs = self._obs_rows[t + 1]
-        self._collected = True
+        self._write_policy(t, action, extras)
 
     def finish(self, steps: int) -> None:
         """After `record_raw` of steps 0 .. steps - 1: their flags and episode statistics
@@ -214,6 +195,26 @@ class Lane:
             self.env.finish_steps(rows, self._score[:steps], self._lives_over[:steps])
         else:
             self.env.finish_steps(rows)
+
+    def _write_obs_array(self, t: int, obs) -> None:
+        """obs[t + 1] from the backend's numpy observation (and obs[0] at t = 0)."""
+        if t == 0:
+            self._obs_buf[0] = self._obs
+        if self._np_obs is not None:
+            self._np_obs[t + 1] = self.env.obs_array(obs)
+        else:
+            self._obs_buf[t + 1] = self.env._obs(obs)
+
+    def _write_policy(self, t: int, action, extras, reset=None) -> None:
+        """Step t's action, extras (and episode-start mask `reset` of a recurrent agent); the
+        next action is then chosen from obs[t + 1]."""
+        self._write(t, "action", action)
+        for k, v in extras.items():
+            self._write(t, k, v)
+        if reset is not None:
+            self._write(t, "reset", reset)
+        self._obs = self._obs_rows[t + 1]
+        self._collected = True
 
     def _write(self, t: int, key: str, value) -> None:
         view = self._np_policy.get(key)
