@@ -6,7 +6,8 @@ back. This times `BatchedEnv.step_arrays` (the adaptor the samplers use, random-
 constant actions) for both backends, B envs, with `--work` µs of busy-waiting by the caller
 between steps; the backends alternate in rounds, so a change in machine load hits both
 alike. It is the measurement behind `fnrl.envs.steps_in_process` (one classic-control env
-is stepped in-process).
+is stepped in-process). A third column steps the same gymnasium envs through gymnasium's
+own `SyncVectorEnv` (what `fnrl.envs.make` used before `fnrl.envs.inprocess.InProcessEnvs`).
 
     python benchmarks/env_step.py [--rounds 3] [--steps 2000] [--out FILE]
 """
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import torch
 
 from fnrl import envs
@@ -28,7 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
 
 OUTPUT = Path(__file__).with_suffix(".md")
-BACKENDS = ("envpool", "gymnasium")
+BACKENDS = ("envpool", "gymnasium", "sync")
+
+
+def make(env_id: str, num_envs: int, backend: str):
+    """`fnrl.envs.make` with `backend`; "sync": gymnasium's envs in its own SyncVectorEnv."""
+    if backend != "sync":
+        return envs.make(env_id, num_envs, seed=0, backend=backend)
+    env = envs.make(env_id, num_envs, seed=0, backend="gymnasium")
+    env.raw = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    return env
 
 
 def busy(us: float) -> None:
@@ -63,7 +74,7 @@ def main() -> None:
     cases = [(env_id, B, work) for env_id in ("CartPole-v1", "Pendulum-v1") for B in (1, 2, 4, 8)
              for work in (0, 30, 100)]
     lines = [
-        "# One env step: EnvPool vs gymnasium in-process",
+        "# One env step: EnvPool vs gymnasium in-process (fnrl's InProcessEnvs and gymnasium's SyncVectorEnv)",
         "",
         f"Machine: nproc={os.cpu_count()}, CPU: {cpu_model()}, GPU: none used, torch {torch.__version__}, "
         f"Python {platform.python_version()}. Load average at start {load_start}.",
@@ -72,11 +83,12 @@ def main() -> None:
         "classic control), the caller busy for `work` µs between steps; medians over "
         f"{args.rounds} alternating rounds of {args.steps} steps.",
         "",
-        "| env | B | work µs | EnvPool µs | gymnasium in-process µs | EnvPool / in-process |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| env | B | work µs | EnvPool µs | in-process µs | SyncVectorEnv µs | EnvPool / in-process "
+        "| SyncVectorEnv / in-process |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for env_id, B, work in cases:
-        made = {b: envs.make(env_id, B, seed=0, backend=b) for b in BACKENDS}
+        made = {b: make(env_id, B, b) for b in BACKENDS}
         for env in made.values():
             env.reset()
         action = (torch.zeros(B, dtype=torch.int64) if made["envpool"].spec.discrete
@@ -87,8 +99,9 @@ def main() -> None:
                 times[b].append(step_us(env, action, args.steps, work))
         for env in made.values():
             env.close()
-        pool, inproc = (statistics.median(times[b]) for b in BACKENDS)
-        lines.append(f"| {env_id} | {B} | {work} | {pool:.1f} | {inproc:.1f} | {pool / inproc:.2f}x |")
+        pool, inproc, sync = (statistics.median(times[b]) for b in BACKENDS)
+        lines.append(f"| {env_id} | {B} | {work} | {pool:.1f} | {inproc:.1f} | {sync:.1f} | {pool / inproc:.2f}x "
+                     f"| {sync / inproc:.2f}x |")
         print(lines[-1], flush=True)
     lines += ["", f"Load average at end {'/'.join(f'{x:.2f}' for x in os.getloadavg())}. "
               "Reproduce: `python benchmarks/env_step.py`", ""]

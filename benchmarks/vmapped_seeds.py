@@ -57,8 +57,7 @@ class Contender:
             self.agent = _make_agent(ppo, config, self.env.spec, compile)
         else:
             rows = seeds.make_rows(ppo, config, 0, num_seeds)
-            self.env = envs.make(config.env_id, num_seeds * config.num_envs,
-                                 seed=seeds.env_seeds(rows, config.num_envs))
+            self.env = seeds.make_env(config.env_id, rows, config.num_envs)
             self.agent = seeds.make_agent(ppo, rows, self.env.spec, config.num_envs, compile)
         self.state = self.agent.init(0)
         self.sampler = SerialSampler(self.env, self.agent.act, config.num_steps)

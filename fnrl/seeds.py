@@ -6,10 +6,11 @@ R = V x K independent *rows*. Row r = (value index i, seed index k) is exactly t
 
 - its state is `agent_i.init(s + k)`, where `agent_i` is the algorithm bound to the config
   with FIELD = v_i; the R states are stacked into one TensorDict [R, ...];
-- its B envs are envs `r*B .. (r+1)*B - 1` of one EnvPool of R x B envs, seeded one by one
-  (EnvPool takes a list of per-env seeds) with `s + k + j`, j = 0..B-1: the very seeds a
-  single run with seed s + k gives its envs (EnvPool seeds env j of a run with seed S as
-  S + j). Rows s and s + 1 thus share B - 1 env seeds, exactly as two separate runs do;
+- its B envs are envs `r*B .. (r+1)*B - 1` of one pool of R x B envs (`make_env`: EnvPool,
+  or in-process where a single run of B envs steps in-process), seeded one by one with
+  `s + k + j`, j = 0..B-1: the very seeds a single run with seed s + k gives its envs (env j
+  of a run with seed S gets S + j). Rows s and s + 1 thus share B - 1 env seeds, exactly as
+  two separate runs do;
 - acting and the update are `torch.func.vmap`-ed over the row axis
   (`randomness="different"`) and then compiled; the update reads every swept field from
   the state (the algorithm's SWEEPABLE fields), so one compiled function serves all rows.
@@ -50,7 +51,7 @@ from typing import NamedTuple
 import torch
 from tensordict import TensorDict
 
-from fnrl import aot
+from fnrl import aot, envs
 from fnrl.algos.common import Agent
 from fnrl.errors import ConfigError
 
@@ -138,6 +139,15 @@ def env_seeds(rows: list[Row], num_envs: int) -> list[int]:
     """Per-env seeds of the pool of len(rows) x num_envs envs: row r's env j gets
     rows[r].seed + j, as in a single run with seed rows[r].seed."""
     return [row.seed + j for row in rows for j in range(num_envs)]
+
+
+def make_env(env_id: str, rows: list[Row], num_envs: int):
+    """The pool of len(rows) x num_envs envs, row r's in columns r*B .. (r+1)*B - 1: the envs
+    of a single run seeded rows[r].seed (`env_seeds`), on the backend that single run's
+    `fnrl.envs.make(env_id, num_envs)` picks (in-process for a few classic-control envs,
+    `fnrl.envs.steps_in_process`; EnvPool otherwise)."""
+    backend = "gymnasium" if envs.steps_in_process(env_id, num_envs, {}) else "auto"
+    return envs.make(env_id, len(rows) * num_envs, seed=env_seeds(rows, num_envs), backend=backend)
 
 
 def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = True) -> Agent:

@@ -372,7 +372,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                              checkpoint_every=checkpoint_every, tensorboard=tensorboard, plot=plot,
                              stop_return=stop_return)
     if rows:
-        env = envs.make(config.env_id, width * config.num_envs, seed=vmapped.env_seeds(rows, config.num_envs))
+        env = vmapped.make_env(config.env_id, rows, config.num_envs)
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
     else:
         # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs

@@ -1,8 +1,24 @@
+import os
 import warnings
 
 import pytest
 
 warnings.filterwarnings("ignore", module="gymnasium")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, pin each worker to its own share of the cores (as `fnrl launch` pins its
+    slots): the training loop gives an update every core it may use (`fnrl.train.update_threads_for`)
+    and two workers each running two busy-waiting OpenMP threads on two cores slowed learning
+    tests 3-6x."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    if worker and 1 < count <= len(cores):
+        import torch
+
+        share = cores[int(worker.removeprefix("gw")) % count::count]
+        os.sched_setaffinity(0, share)
+        torch.set_num_threads(len(share))
 
 
 @pytest.fixture(autouse=True, scope="session")

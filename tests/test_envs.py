@@ -1,3 +1,4 @@
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -181,7 +182,7 @@ def test_envpool_direct_calls_match_envpool_wrapper(env_id, num_envs):
     across episode ends (short CartPole episodes under constant actions) and Atari's info."""
     import envpool
 
-    fast = envs.make(env_id, num_envs, seed=3)
+    fast = envs.make(env_id, num_envs, seed=3, backend="envpool")
     assert isinstance(fast._calls, EnvPoolCalls)
     kwargs = {"episodic_life": True, "reward_clip": True} if env_id == "Pong-v5" else {}
     wrapped = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=3, **kwargs)
@@ -210,7 +211,7 @@ def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
     EnvPool's default (0: one per core); an explicit num_threads wins."""
     assert envs.envpool_threads("CartPole-v1") == 1 and envs.envpool_threads("Pendulum-v1") == 1
     assert envs.envpool_threads("Pong-v5") == 0 and envs.envpool_threads("HalfCheetah-v4") == 0
-    env = envs.make("CartPole-v1", 2)
+    env = envs.make("CartPole-v1", 2, backend="envpool")
     assert env.raw.config["num_threads"] == 1
     env.close()
     env = envs.make("CartPole-v1", 2, num_threads=2)
@@ -225,18 +226,47 @@ def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
         envs.make("CartPole-v1", 2)
 
 
+@pytest.mark.parametrize("env_id, num_envs", [("CartPole-v1", 1), ("Pendulum-v1", 3), ("fnrltest/DictObs-v0", 2)])
+def test_in_process_envs_step_as_gymnasium_sync_vector_env(env_id, num_envs):
+    """fnrl's lean in-process batch and gymnasium's SyncVectorEnv (next-step autoreset), seeded
+    alike and given the same random actions, return the same arrays step for step, through
+    terminations (CartPole), truncations (Pendulum's 200-step limit) and Dict observations."""
+    from gymnasium.vector import AutoresetMode
+
+    from fnrl.envs.inprocess import InProcessEnvs
+
+    ours = InProcessEnvs(env_id, num_envs)
+    ref = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP})
+    flat = (lambda o: np.concatenate([o[k].reshape(num_envs, -1) for k in sorted(o)], axis=1)
+            if isinstance(o, dict) else o)
+    np.testing.assert_array_equal(flat(ours.reset(seed=5)[0]), flat(ref.reset(seed=5)[0]))
+    ref.action_space.seed(0)
+    ends = np.zeros(2, dtype=int)
+    for _ in range(450):
+        action = ref.action_space.sample()
+        a, b = ours.step(action), ref.step(action)
+        np.testing.assert_array_equal(flat(a[0]), flat(b[0]))
+        assert flat(a[0]).dtype == flat(b[0]).dtype
+        np.testing.assert_array_equal(a[1], b[1].astype(np.float32))
+        np.testing.assert_array_equal(a[2], b[2])
+        np.testing.assert_array_equal(a[3], b[3])
+        ends += a[2].sum(), a[3].sum()
+    assert ends[1] > 0 if env_id == "Pendulum-v1" else ends[0] > 0
+
+
 def test_auto_backend_steps_one_classic_control_env_in_process(monkeypatch):
-    """A single classic-control env has nothing for EnvPool to batch, only its thread hand-off
-    (3-4x the step): `auto` steps gymnasium's env in-process, with the same spec; more envs,
-    other families, EnvPool options or an explicit backend keep EnvPool."""
-    for env_id in ("CartPole-v1", "Pendulum-v1", "fnrl/CartPoleNoVel-v1"):
-        one, pool = envs.make(env_id, 1), envs.make(env_id, 1, backend="envpool")
-        assert (one.backend, pool.backend) == ("gymnasium", "envpool")
-        assert one.spec == pool.spec
-        assert one.reset()["obs"].dtype == pool.reset()["obs"].dtype
-        assert set(one.step_td(torch.zeros(1, *one.spec.action_shape, dtype=one.spec.action_dtype)).keys()) == \
-            set(pool.step_td(torch.zeros(1, *pool.spec.action_shape, dtype=pool.spec.action_dtype)).keys())
-    assert envs.make("CartPole-v1", 2).backend == "envpool"
+    """A few classic-control envs leave EnvPool little to batch, only its thread hand-off (2-4x
+    the steps): `auto` steps gymnasium's envs in-process, with the same spec; more envs, other
+    families, EnvPool options or an explicit backend keep EnvPool."""
+    for env_id, n in (("CartPole-v1", 1), ("Pendulum-v1", 4), ("fnrl/CartPoleNoVel-v1", 2)):
+        few, pool = envs.make(env_id, n), envs.make(env_id, n, backend="envpool")
+        assert (few.backend, pool.backend) == ("gymnasium", "envpool")
+        assert few.spec == pool.spec
+        assert few.reset()["obs"].dtype == pool.reset()["obs"].dtype
+        assert set(few.step_td(torch.zeros(n, *few.spec.action_shape, dtype=few.spec.action_dtype)).keys()) == \
+            set(pool.step_td(torch.zeros(n, *pool.spec.action_shape, dtype=pool.spec.action_dtype)).keys())
+    assert envs.make("CartPole-v1", envs.IN_PROCESS_MAX_ENVS + 1).backend == "envpool"
     assert envs.make("CartPole-v1", 1, num_threads=1).backend == "envpool"
     assert not envs.steps_in_process("HalfCheetah-v4", 1, {}) and not envs.steps_in_process("Pong-v5", 1, {})
     monkeypatch.setenv(envs.ENV_THREADS_VAR, "1")

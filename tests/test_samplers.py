@@ -20,8 +20,9 @@ RNN = ppo.Config(env_id="fnrl/CartPoleNoVel-v1", num_envs=4, num_steps=30, core=
 
 
 def _rollouts(name, config, collects=2, seed=3, explore=False, **options):
-    """`collects` rollouts of PPO's deterministic (explore=False) policy through sampler `name`."""
-    env = envs.make(config.env_id, config.num_envs, seed=seed)
+    """`collects` rollouts of PPO's deterministic (explore=False) policy through sampler `name`
+    (EnvPool envs: the alternating sampler's groups are EnvPools)."""
+    env = envs.make(config.env_id, config.num_envs, seed=seed, backend="envpool")
     agent = ppo.make(config, env.spec)
     state = agent.init(0)
     sampler = samplers.make(name, env, agent.act, config.num_steps, agent=("ppo", config), **options)
@@ -148,8 +149,8 @@ def test_registry_and_option_errors():
         samplers.make("serial", env, _parity_policy, 4, workers=2)
     with pytest.raises(ConfigError, match="--sampler-workers 2 must be at least 1 and divide --num-envs 3"):
         samplers.make("parallel", env, _parity_policy, 4, workers=2)
-    gym_env = envs.make("CartPole-v1", 2, seed=0, backend="gymnasium")
-    with pytest.raises(ConfigError, match="needs an EnvPool env"):
+    gym_env = envs.make("fnrltest/CountTerm-v0", 2, seed=0)
+    with pytest.raises(ConfigError, match="needs an EnvPool task"):
         samplers.make("alternating", gym_env, _parity_policy, 4)
     env.close()
     gym_env.close()

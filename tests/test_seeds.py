@@ -33,7 +33,7 @@ def single_run(module, config, seed, explore, collects=1):
 
 def vmapped_run(module, config, seed, num_seeds, explore, sweep=None, compile=False):
     rows = seeds.make_rows(module, config, seed, num_seeds, sweep)
-    env = envs.make(config.env_id, len(rows) * config.num_envs, seed=seeds.env_seeds(rows, config.num_envs))
+    env = seeds.make_env(config.env_id, rows, config.num_envs)
     agent = seeds.make_agent(module, rows, env.spec, config.num_envs, compile=compile)
     state = agent.init(seed)
     rollout = SerialSampler(env, agent.act, config.num_steps).collect(state, explore=explore).clone()

@@ -58,7 +58,7 @@ def single_run(config, seed, collects, explore=False):
 
 def vmapped_run(config, seed, num_seeds, collects, explore=False, compile=False):
     rows = seeds.make_rows(r2d1, config, seed, num_seeds)
-    env = envs.make(config.env_id, len(rows) * config.num_envs, seed=seeds.env_seeds(rows, config.num_envs))
+    env = seeds.make_env(config.env_id, rows, config.num_envs)
     agent = seeds.make_agent(r2d1, rows, env.spec, config.num_envs, compile=compile)
     state = agent.init(seed)
     sampler = SerialSampler(env, agent.act, config.num_steps)

@@ -19,10 +19,11 @@ import numpy as np
 import torch
 
 from fnrl.envs.batched import BatchedEnv, _NUMPY_TO_TORCH
+from fnrl.envs.inprocess import InProcessEnvs
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 
-__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS", "steps_in_process"]
+__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS", "steps_in_process", "envpool_task"]
 
 FNRL_ENVS: dict[str, tuple[str, tuple[int, ...]]] = {
     # partially observed CartPole: [cart position, pole angle]; the velocities are dropped
@@ -78,23 +79,33 @@ def _envpool_family(env_id: str) -> str | None:
 
 
 IN_PROCESS_FAMILIES = ("envpool.classic_control",)
-"""EnvPool task families that `make(backend="auto")` steps in-process (gymnasium) for a single env."""
+"""EnvPool task families that `make(backend="auto")` steps in-process (gymnasium) for few envs."""
+IN_PROCESS_MAX_ENVS = 4
+"""The most envs of such a task that `make(backend="auto")` steps in-process (`steps_in_process`)."""
 
 
 def steps_in_process(env_id: str, num_envs: int, envpool_kwargs: dict) -> bool:
     """Whether `make(env_id, num_envs, backend="auto")` steps gymnasium's `env_id` in this thread
-    instead of EnvPool's: for one env of a classic-control task that gymnasium registers too,
+    (`InProcessEnvs`) instead of EnvPool's: for up to `IN_PROCESS_MAX_ENVS` envs of a
+    classic-control task that gymnasium registers too (or an fnrl variant of one, `FNRL_ENVS`),
     unless EnvPool options were given (`num_threads=`, `$FNRL_ENV_THREADS`).
 
-    One env leaves EnvPool nothing to batch, only the hand-off to its worker thread and back,
-    which costs more than a classic-control step by far: with 30-100 µs of the caller's work
-    between steps (EnvPool's worker falls asleep meanwhile), one CartPole step costs 66-67 µs
-    through EnvPool and 17 µs in-process (Pendulum: 64-83 vs 20 µs; `benchmarks/env_step.md`,
-    2-core CPU). In-process stays ahead up to ~4-8 envs there, but batches are EnvPool's job:
-    `auto` keeps it for them. The dynamics, spaces and dtypes are the same; the random initial
-    states differ."""
-    return (num_envs == 1 and not envpool_kwargs and not os.environ.get(ENV_THREADS_VAR)
+    A few cheap envs leave EnvPool little to batch, only the hand-off to its worker thread and
+    back, which costs more than the steps: with 30-100 µs of the caller's work between steps
+    (EnvPool's worker falls asleep meanwhile), a CartPole step of 1 / 4 envs costs 96-117 /
+    131-210 µs through EnvPool and 27-38 / 72-85 µs in-process (Pendulum: 108-130 / 99-126 vs
+    54-57 / 68-75 µs; `benchmarks/env_step.md`, 2-core CPU in a slow phase), and a loaded
+    machine makes the hand-off wait for the scheduler. PPO with CleanRL's 4-env CartPole settings trains 1.1-1.8x faster in-process
+    (interleaved runs, session 13). From 8 envs on, EnvPool's batching wins. The dynamics,
+    spaces and dtypes are the same; the random initial states differ."""
+    env_id = FNRL_ENVS.get(env_id, (env_id,))[0]
+    return (num_envs <= IN_PROCESS_MAX_ENVS and not envpool_kwargs and not os.environ.get(ENV_THREADS_VAR)
             and _envpool_family(env_id) in IN_PROCESS_FAMILIES and env_id in gym.registry)
+
+
+def envpool_task(env_id: str) -> bool:
+    """Whether EnvPool can step `env_id` (an fnrl variant of an EnvPool task included)."""
+    return FNRL_ENVS.get(env_id, (env_id,))[0] in _envpool_ids()
 
 
 def _space_spec(obs_space, act_space):
@@ -128,12 +139,13 @@ def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, b
     """Create `num_envs` copies of `env_id` stepped together.
 
     backend: "envpool" (C++ threads), "gymnasium" (any registered gymnasium id, e.g. a
-        user's own env, stepped in-process), or "auto": EnvPool for every id it knows, except
-        a single classic-control env, which is faster in-process (`steps_in_process`).
+        user's own env, stepped in this thread by `InProcessEnvs`), or "auto": EnvPool for
+        every id it knows, except up to 4 classic-control envs, which are faster in-process
+        (`steps_in_process`).
     train: for Atari, training envs use episodic life and reward clipping; evaluation envs
         (train=False) use neither. Episode statistics always report the raw game score.
-    kwargs: passed to `envpool.make` or `gymnasium.make_vec`. EnvPool's `num_threads`
-        defaults to `envpool_threads(env_id)`: 1 for classic-control tasks.
+    kwargs: passed to `envpool.make`, or to `gymnasium.make` for each env (`InProcessEnvs`).
+        EnvPool's `num_threads` defaults to `envpool_threads(env_id)`: 1 for classic-control tasks.
 
     The env remembers how it was made: `env.factory(n, s)` builds n more such envs seeded
     s (env i of a batch seeded s gets seed s + i, so envs [lo, hi) of `make(id, B, seed)`
@@ -167,10 +179,7 @@ def _make(env_id: str, num_envs: int, seed: int, *, train: bool, backend: str, *
                        is_atari=atari, **_space_spec(raw.observation_space, raw.action_space))
         return BatchedEnv(raw, spec, atari=atari)
     if backend != "envpool" and env_id in gym.registry:
-        raw = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
-        mode = raw.metadata.get("autoreset_mode")
-        if mode is not None and getattr(mode, "name", str(mode)) != "NEXT_STEP":
-            raise ConfigError(f"{env_id}: fnrl needs next-step autoreset, the env uses {mode}")
+        raw = InProcessEnvs(env_id, num_envs, **kwargs)
         single_env_spec = gym.spec(env_id)
         spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=single_env_spec.max_episode_steps,
                        **_space_spec(raw.single_observation_space, raw.single_action_space))

@@ -110,9 +110,10 @@ class EnvPoolCalls:
 class BatchedEnv:
     """B environments stepped together, as TensorDicts (see the module docstring).
 
-    `raw_env` is an EnvPool env (env_type="gymnasium") or a gymnasium VectorEnv with
-    next-step autoreset. `atari` switches the episode statistics to the raw game score
-    over whole games (EnvPool's `info["reward"]`, `info["terminated"]`).
+    `raw_env` is an EnvPool env (env_type="gymnasium"), `fnrl.envs.inprocess.InProcessEnvs`
+    or a gymnasium VectorEnv with next-step autoreset. `atari` switches the episode
+    statistics to the raw game score over whole games (EnvPool's `info["reward"]`,
+    `info["terminated"]`).
 
     `factory(num_envs, seed)` builds more envs like these and `seed` is this batch's seed
     (set by `fnrl.envs.make`; None for an env built by hand).

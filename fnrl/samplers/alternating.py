@@ -4,7 +4,7 @@ AlternatingSampler, on EnvPool's `send` / `recv`).
 The B envs are split into two EnvPools of B/2 envs, group 0 = envs [0, B/2) and group 1
 = envs [B/2, B), each built with the seeds those envs have in one pool of B
 (`env.factory`), so env j is always rollout column j and its trajectory is the one it
-would have in the serial sampler under the same actions. Each step:
+would have in the serial sampler over one EnvPool under the same actions. Each step:
 
     group 0: recv step t -> record -> act on obs[t+1] -> send    (group 1's envs are stepping)
     group 1: recv step t -> record -> act on obs[t+1] -> send    (group 0's envs are stepping)
@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from tensordict import TensorDict
 
+from fnrl import envs
 from fnrl.envs.batched import BatchedEnv
 from fnrl.errors import ConfigError
 from fnrl.samplers.lane import Lane, RolloutBuffer
@@ -28,7 +29,7 @@ from fnrl.samplers.lane import Lane, RolloutBuffer
 class AlternatingSampler:
     """Collect [T, B] rollouts from two EnvPool groups of B/2 envs stepped alternately.
 
-    `env` is the B-env batch to mirror (an EnvPool env from fnrl.envs.make); the sampler
+    `env` is the B-env batch to mirror (of an EnvPool task, from fnrl.envs.make); the sampler
     closes it and builds its two groups from `env.factory`. Same `act` protocol and rollout
     as `SerialSampler`.
     """
@@ -38,8 +39,8 @@ class AlternatingSampler:
         if B < 2 or B % 2:
             raise ConfigError(f"the alternating sampler splits the envs into two equal groups: --num-envs must be "
                               f"even and at least 2, got {B}")
-        if not env.can_send or env.factory is None:
-            raise ConfigError(f"the alternating sampler needs an EnvPool env built by fnrl.envs.make "
+        if env.factory is None or not envs.envpool_task(env.spec.env_id):
+            raise ConfigError(f"the alternating sampler needs an EnvPool task built by fnrl.envs.make "
                               f"(send/recv); {env.spec.env_id} is not one: use --sampler serial")
         self.spec, self.act, self.horizon = env.spec, act, horizon
         self.device = torch.device(device)
