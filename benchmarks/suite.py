@@ -2,8 +2,8 @@
 
 For each workload (algorithm x env x settings) it measures, side by side in one run:
 
-- the raw env ceiling: the envs fnrl steps (EnvPool; gymnasium in-process for a single
-  classic-control env, see `fnrl.envs.steps_in_process`), random actions, no policy, no torch;
+- the raw env ceiling: the envs fnrl steps (EnvPool; gymnasium in-process for up to 4
+  classic-control envs, see `fnrl.envs.steps_in_process`), random actions, no policy, no torch;
 - fnrl compiled (`torch.compile` of acting and update) and fnrl eager, through `fnrl.train`;
 - stable-baselines3 on the same settings (its own gymnasium / ALE envs);
 - fnrl's cold compile time: the extra wall time of the first log intervals over the

@@ -52,7 +52,7 @@ HEADS = ("q", "categorical", "quantile", "iqn")
 @dataclass
 class Config:
     """DQN-family settings. Defaults: DQN that learns CartPole-v1 (a mean return of 450 by
-    about 70k env steps at seeds 0 and 1) with a soft target network (tau 0.01 after every
+    about 60-70k env steps) with a soft target network (tau 0.01 after every
     update), which was steadier there than a periodic copy; `VARIANTS` holds CartPole
     settings of the other heads and `experiments/dqn_atari.py` rlpyt's Atari settings."""
 
@@ -148,7 +148,8 @@ VARIANTS: dict[str, dict] = {
 }
 """Command-line name -> Config overrides, tuned for CartPole-v1 (Atari: experiments/dqn_atari.py).
 At seed 0 (`tests/test_learning_dqn.py`) the first 2,000-step interval with a mean return of
-400 (dqn: 450) came at about 68k env steps for dqn, 24k c51, 12k rainbow, 58k qrdqn, 52k iqn.
+400 (dqn: 450) came at 60k env steps for dqn, 42k c51, 10k rainbow, 72k qrdqn, 66k iqn (its 4
+CartPole envs in-process, session 13; on EnvPool before: 68k, 24k, 12k, 58k, 52k).
 IQN uses 16 fractions per side (the paper's 64 cost 8x the compute and were not needed here)."""
 
 _NAMES = {"q": "dqn", "categorical": "c51", "quantile": "qrdqn", "iqn": "iqn"}

@@ -27,8 +27,6 @@ class InProcessEnvs:
     mutates), in the observation space's dtype; a Dict observation is a dict of such arrays.
     """
 
-    metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
-
     def __init__(self, env_id: str, num_envs: int, **kwargs):
         self.envs = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
         self.num_envs = num_envs
