@@ -262,7 +262,8 @@ def _reaches_400(cfg, tmp_path, label: str):
                        plot=False, stop_return=400)
         print(f"{label} seed {seed}: {result.history[-1]['env_steps']} env steps, return {result.return_mean:.1f}, "
               f"{time.perf_counter() - t0:.1f} s")
-        assert result.history[-1]["env_steps"] <= 300_000
+        config = cfg or impala.Config()   # a run may end one collect past its total steps
+        assert result.history[-1]["env_steps"] <= config.total_steps + config.num_envs * config.num_steps
         if result.return_mean >= 400:
             break
     assert result.return_mean >= 400
