@@ -5,8 +5,8 @@ worker thread falls asleep in that time, so each step pays the hand-off to the w
 back. This times `BatchedEnv.step_arrays` (the adaptor the samplers use, random-free
 constant actions) for both backends, B envs, with `--work` µs of busy-waiting by the caller
 between steps; the backends alternate in rounds, so a change in machine load hits both
-alike. It is the measurement behind `fnrl.envs.steps_in_process` (one classic-control env
-is stepped in-process). A third column steps the same gymnasium envs through gymnasium's
+alike. It is the measurement behind `fnrl.envs.steps_in_process` (up to 4 classic-control
+envs are stepped in-process). A third column steps the same gymnasium envs through gymnasium's
 own `SyncVectorEnv` (what `fnrl.envs.make` used before `fnrl.envs.inprocess.InProcessEnvs`).
 
     python benchmarks/env_step.py [--rounds 3] [--steps 2000] [--out FILE]

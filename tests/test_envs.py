@@ -255,7 +255,7 @@ def test_in_process_envs_step_as_gymnasium_sync_vector_env(env_id, num_envs):
     assert ends[1] > 0 if env_id == "Pendulum-v1" else ends[0] > 0
 
 
-def test_auto_backend_steps_one_classic_control_env_in_process(monkeypatch):
+def test_auto_backend_steps_a_few_classic_control_envs_in_process(monkeypatch):
     """A few classic-control envs leave EnvPool little to batch, only its thread hand-off (2-4x
     the steps): `auto` steps gymnasium's envs in-process, with the same spec; more envs, other
     families, EnvPool options or an explicit backend keep EnvPool."""

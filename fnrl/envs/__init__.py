@@ -95,17 +95,23 @@ def steps_in_process(env_id: str, num_envs: int, envpool_kwargs: dict) -> bool:
     (EnvPool's worker falls asleep meanwhile), a CartPole step of 1 / 4 envs costs 96-117 /
     131-210 µs through EnvPool and 27-38 / 72-85 µs in-process (Pendulum: 108-130 / 99-126 vs
     54-57 / 68-75 µs; `benchmarks/env_step.md`, 2-core CPU in a slow phase), and a loaded
-    machine makes the hand-off wait for the scheduler. PPO with CleanRL's 4-env CartPole settings trains 1.1-1.8x faster in-process
-    (interleaved runs, session 13). From 8 envs on, EnvPool's batching wins. The dynamics,
-    spaces and dtypes are the same; the random initial states differ."""
-    env_id = FNRL_ENVS.get(env_id, (env_id,))[0]
+    machine makes the hand-off wait for the scheduler. PPO with CleanRL's 4-env CartPole
+    settings trains 1.1-1.8x faster in-process (interleaved runs, session 13). From 8 envs on,
+    EnvPool's batching wins. The dynamics, spaces and dtypes are the same; the random initial
+    states differ."""
+    env_id = _base_id(env_id)
     return (num_envs <= IN_PROCESS_MAX_ENVS and not envpool_kwargs and not os.environ.get(ENV_THREADS_VAR)
             and _envpool_family(env_id) in IN_PROCESS_FAMILIES and env_id in gym.registry)
 
 
+def _base_id(env_id: str) -> str:
+    """The env an fnrl variant (`FNRL_ENVS`) is built on; any other id itself."""
+    return FNRL_ENVS[env_id][0] if env_id in FNRL_ENVS else env_id
+
+
 def envpool_task(env_id: str) -> bool:
     """Whether EnvPool can step `env_id` (an fnrl variant of an EnvPool task included)."""
-    return FNRL_ENVS.get(env_id, (env_id,))[0] in _envpool_ids()
+    return _base_id(env_id) in _envpool_ids()
 
 
 def _space_spec(obs_space, act_space):
