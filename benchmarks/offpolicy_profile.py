@@ -7,11 +7,10 @@ first compiled calls are done, times every call of the loop's pieces with `perf_
 | piece | what is timed |
 |---|---|
 | act | the agent's `act` (compiled where `compile`) as the sampler calls it |
-| env | `BatchedEnv.step_arrays` (EnvPool's step + the numpy flags / episode statistics) |
-| record | the sampler's writes of one step into the rollout (`Lane.record`) |
+| env | `BatchedEnv.step_raw` / `step_arrays` (the backend's step; `step_arrays` adds the numpy flags / episode statistics) |
+| record | the sampler's writes of one step into the rollout (`Lane.record_raw` / `record`) and the flags / episode statistics of a collect (`Lane.finish`) |
 | replay add | `replay.add` of the [T, B] rollout |
-| sample | `replay.sample(batch_size)` (+ `can_sample`) |
-| update | the agent's `update` |
+| learn | the loop's learner step (`fnrl.learner`: replay sample -> update -> priorities; one compiled graph under `compile`) and `replay.can_sample` |
 | rest | wall time of the window minus the pieces: the loop's own Python, logging, checkpoints |
 
 Writes nothing; prints a markdown table (share of wall time, µs per env step) and, with
@@ -40,7 +39,7 @@ from fnrl.samplers.lane import Lane  # noqa: E402
 from suite import CARTPOLE_DQN, HALFCHEETAH_SAC  # noqa: E402
 
 SETTINGS = {"dqn": CARTPOLE_DQN, "sac": HALFCHEETAH_SAC, "td3": HALFCHEETAH_SAC}
-PIECES = ("act", "env", "record", "replay add", "sample", "update")
+PIECES = ("act", "env", "record", "replay add", "learn")
 
 
 class Clock:
@@ -76,30 +75,35 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
     prof = cProfile.Profile() if use_cprofile else None
     window = {}
 
-    make_agent = train_mod._make_agent
+    make_agent, make_learner = train_mod._make_agent, train_mod._make_learner
+    updates = [0]
 
     def make_timed_agent(*args, **kwargs):
         agent = make_agent(*args, **kwargs)
-        updates = [0]
+        return agent._replace(act=clock.wrap("act", agent.act))
 
-        def update(state, batch):
+    def make_timed_learner(*args, **kwargs):
+        timed_learn = clock.wrap("learn", make_learner(*args, **kwargs))
+
+        def learn(state, buffer, beta):
             updates[0] += 1
             if updates[0] == warm_updates:   # the compiled calls are warm: open the window
                 clock.on = True
                 window["t0"], window["steps0"] = time.perf_counter(), int(state["env_steps"])
                 if prof is not None:
                     prof.enable()
-            return timed_update(state, batch)
+            return timed_learn(state, buffer, beta)
 
-        timed_update = clock.wrap("update", agent.update)
-        return agent._replace(act=clock.wrap("act", agent.act), update=update)
+        return learn
 
-    train_mod._make_agent = make_timed_agent
+    train_mod._make_agent, train_mod._make_learner = make_timed_agent, make_timed_learner
     BatchedEnv.step_arrays = clock.wrap("env", BatchedEnv.step_arrays)
+    BatchedEnv.step_raw = clock.wrap("env", BatchedEnv.step_raw)
     Lane.record = clock.wrap("record", Lane.record)
+    Lane.record_raw = clock.wrap("record", Lane.record_raw)
+    Lane.finish = clock.wrap("record", Lane.finish)
     replay.add = clock.wrap("replay add", replay.add)
-    replay.sample = clock.wrap("sample", replay.sample)
-    replay.can_sample = clock.wrap("sample", replay.can_sample)
+    replay.can_sample = clock.wrap("learn", replay.can_sample)
     with tempfile.TemporaryDirectory() as tmp:
         result = train_mod.train(algo, config, seed=1, log_dir=Path(tmp) / "run", compile=compile, quiet=True,
                                  tensorboard=False, plot=False, threads=1)

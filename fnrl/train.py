@@ -96,9 +96,11 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def _make_agent(module, config, spec, compile: bool):
+def _make_agent(module, config, spec, compile: bool, update_compiled_by_learner: bool = False):
     """`module.make(...)`, compiled: modules that sequence compiled pieces themselves take
-    `compile=`; otherwise the whole update is compiled here. Acting is compiled too.
+    `compile=`; otherwise the whole update is compiled here (unless
+    `update_compiled_by_learner`: the fused learner step of `fnrl.learner` compiles it with
+    the replay draw, so `update` stays eager here). Acting is compiled too.
 
     Compiled acting is ahead of time (`fnrl.aot.AotAct`: the sampler's calls go straight to
     an AOTInductor model; 14.5 instead of 43.7 ms of acting per 4-env x 128-step PPO rollout
@@ -111,7 +113,7 @@ def _make_agent(module, config, spec, compile: bool):
         agent = module.make(config, spec, compile=compile)
     else:
         agent = module.make(config, spec)
-        if compile:
+        if compile and not update_compiled_by_learner:
             agent = agent._replace(update=torch.compile(agent.update, fullgraph=True, dynamic=False))
     if compile:
         randomness = {"fallback_random": True} if module.KIND == "off_policy" else {}
@@ -153,6 +155,12 @@ def _steady(warm: bool):
     ("Recompilation triggered with skip_guard_eval_unsafe stance") rather than run a wrong one;
     SKIP_GUARDS = False turns this off. Elsewhere (warm False): a no-op context."""
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
+
+
+FUSED_LEARNER = True
+"""Off-policy runs with compile=True sample and update in one compiled graph, the state donated
+(`fnrl.learner`), for a row replay without frame deduplication and one seed; set False for a
+separately compiled sample and update (benchmarks/learner_step.py compares the two)."""
 
 
 UPDATE_MACS_FOR_ALL_CORES = 2048 * 64 * 64
@@ -371,13 +379,19 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                              quiet=quiet, resume=resume, log_interval=log_interval,
                              checkpoint_every=checkpoint_every, tensorboard=tensorboard, plot=plot,
                              stop_return=stop_return)
+    off_policy = module.KIND == "off_policy"
+    sequence_replay = getattr(module, "REPLAY", None) == "sequence"
     if rows:
         env = vmapped.make_env(config.env_id, rows, config.num_envs)
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
     else:
         # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
         env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
-        agent = _make_agent(module, config, env.spec, compile)
+    # one compiled graph samples and updates (fnrl.learner): row replay without frame dedup, one seed
+    fused_learner = (FUSED_LEARNER and compile and off_policy and not rows and not sequence_replay
+                     and not env.spec.is_atari)
+    if not rows:
+        agent = _make_agent(module, config, env.spec, compile, update_compiled_by_learner=fused_learner)
     with world.agree():
         run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None) if world.main else None
     if world.main:
@@ -409,7 +423,6 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                             workers=sampler_workers)
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None) if world.main else RowsOnly()
     logger.group_keys = tuple(sweep or ())
-    off_policy = module.KIND == "off_policy"
     if update_threads is None:   # several ranks on one machine already share its cores
         images = isinstance(env.spec.obs_shape, tuple) and len(env.spec.obs_shape) == 3
         update_threads = (update_threads_for(config, off_policy, width, threads, images) if world.size == 1
@@ -459,8 +472,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     warm, updates_here = False, 0   # warm: compiled, after two updates in this process
     # guard skipping is checked for on-policy updates (vmapped rows too) and the row replay (DQN family,
     # DDPG/TD3/SAC), not yet for sequence replay (R2D1) or several rows' replays
-    may_skip_guards = (compile and SKIP_GUARDS and not (rows and off_policy)
-                       and getattr(module, "REPLAY", None) != "sequence")
+    may_skip_guards = compile and SKIP_GUARDS and not (rows and off_policy) and not sequence_replay
+    learn = None   # the off-policy learner step (fnrl.learner), made with the replay buffer
     try:
         while counters["env_steps"] < config.total_steps:
             with _steady(warm):
@@ -481,12 +494,11 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                 updates_here += 1
                 warm = may_skip_guards and updates_here >= 2
             else:
-                if getattr(module, "REPLAY", None) == "sequence":   # recurrent: sequence replay
+                if sequence_replay:
                     from fnrl.replay import sequence as replay
 
                     data, priority = (vmapped.sequence_input(module, rows, rollout) if rows
                                       else module.sequence_input(config, rollout))
-                    sample_options = {}
                     if replay_state is None:
                         replay_state = _init_sequence_replay(config, data, env.spec, device, rows)
                     if rows:  # one sequence buffer per row, sampled as [R, L, N] (fnrl.replay.multi)
@@ -501,21 +513,17 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                         replay_state = _init_replay(config, rollout, env.spec, device, rows)
                     with _steady(warm):
                         replay_state = replay.add(replay_state, rollout, compiled=compile)
-                    sample_options = {"compiled": compile}   # one compiled graph per add / sample
+                if learn is None:
+                    learn = _make_learner(agent.update, config, replay, fused_learner, compile, rows, sequence_replay)
                 if counters["env_steps"] >= config.learning_starts:
                     update_credit += steps_per_collect * config.replay_ratio
                     progress = counters["env_steps"] / config.total_steps
                     beta = config.priority_beta + (1.0 - config.priority_beta) * progress
                     while update_credit >= 1.0 and replay.can_sample(replay_state, config.batch_size):
-                        with _steady(warm):
-                            batch = replay.sample(replay_state, config.batch_size, beta=beta, **sample_options)
-                            with _intra_op_threads(update_threads):
-                                state, metrics = agent.update(state, batch)
+                        with _steady(warm), _intra_op_threads(update_threads):
+                            state, metrics = learn(state, replay_state, beta)
                         updates_here += 1   # act, add, sample and update have run, on fresh and updated states
                         warm = may_skip_guards and updates_here >= 2
-                        if config.prioritized:
-                            index = batch["index"][0] if batch["index"].ndim == 2 and not rows else batch["index"]
-                            replay_state = replay.update_priorities(replay_state, index, metrics["priority"])
                         update_credit -= 1.0
                         counters["updates"] += 1
             if bar is not None:
@@ -572,6 +580,16 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         seeds_text = f"seeds {seed}-{seed + num_seeds - 1}" if num_seeds > 1 else f"seed {seed}"
         logger.plot(title=f"{name} {config.env_id} {seeds_text}" + (f", sweep {', '.join(sweep)}" if sweep else ""))
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+
+
+def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequence_replay: bool):
+    """The loop's `learn(state, buffer, beta) -> (state, metrics)` (fnrl.learner): fused (sample and
+    update in one compiled graph, the state donated) or sample, update and priorities one by one
+    (the row replay's draw compiled as its own graph under `compile`)."""
+    from fnrl.learner import make_learner
+
+    return make_learner(update, config.batch_size, config.prioritized, fused=fused, replay=replay,
+                        sample_options={} if sequence_replay else {"compiled": compile}, rows=bool(rows))
 
 
 def _log_rows(logger, row, rows, row_returns, last_returns, reached, metrics, stop_return):

@@ -59,8 +59,8 @@ def test_nan_stops_training_and_keeps_last_checkpoint(tmp_path, monkeypatch):
     real = train_module._make_agent
     calls = {"n": 0}
 
-    def poisoned(module, config, spec, compile):
-        agent = real(module, config, spec, compile)
+    def poisoned(module, config, spec, compile, **kwargs):
+        agent = real(module, config, spec, compile, **kwargs)
 
         def update(state, batch):
             state, metrics = agent.update(state, batch)

@@ -13,6 +13,10 @@ the big tensors are preallocated and updated in place, never copied):
     buffer = replay.update_priorities(buffer, batch["index"], td_error)
     replay.size(buffer), replay.num_sampleable(buffer), replay.can_sample(buffer, batch_size)
 
+For a graph that samples and learns in one call (`fnrl.learner`), `sample` and
+`update_priorities` without their checks: `draw(buffer.spec, buffer.tree, buffer.storage,
+batch_size, beta)` and `set_priorities(..., dedup=False)`.
+
 Storage. Each env has its own time-major ring of C = capacity // B rows (TensorDict
 [C, B]); absolute row a of an env (a = 0, 1, ... counted since `init`) lives at position
 a % C. A rollout [T, B] (T <= C) is written with at most two slice copies at the cursor
@@ -52,9 +56,9 @@ Frame deduplication (`frame_dedup=True`, EnvPool Atari uint8 [S, H, W] stacks) s
 the newest frame of each row (S times less memory) and rebuilds obs and next_obs stacks
 exactly as EnvPool 1.2.5 builds them: see `fnrl.replay.frames`.
 """
-from fnrl.replay.buffer import (ReplayBuffer, ReplaySpec, add, can_sample, init, num_sampleable, sample,
-                                size, update_priorities)
+from fnrl.replay.buffer import (ReplayBuffer, ReplaySpec, add, can_sample, draw, init, num_sampleable, sample,
+                                set_priorities, size, update_priorities)
 from fnrl.replay import sequence  # sequence replay for recurrent agents (R2D1): fnrl.replay.sequence
 
-__all__ = ["ReplayBuffer", "ReplaySpec", "init", "add", "sample", "update_priorities", "size",
-           "num_sampleable", "can_sample", "sequence"]
+__all__ = ["ReplayBuffer", "ReplaySpec", "init", "add", "sample", "draw", "update_priorities", "set_priorities",
+           "size", "num_sampleable", "can_sample", "sequence"]

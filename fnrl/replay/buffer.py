@@ -18,7 +18,7 @@ from fnrl.replay.frames import stack_source_rows, stack_starts
 from fnrl.replay.sum_tree import sum_tree_get, sum_tree_init, sum_tree_sample, sum_tree_set
 from fnrl.returns import n_step_returns
 
-__all__ = ["ReplaySpec", "ReplayBuffer", "init", "add", "sample", "update_priorities", "size",
+__all__ = ["ReplaySpec", "ReplayBuffer", "init", "add", "sample", "draw", "update_priorities", "size",
            "num_sampleable", "can_sample"]
 
 REQUIRED_KEYS = ("obs", "action", "reward", "terminated", "done", "valid")
@@ -376,8 +376,8 @@ def sample(buffer: ReplayBuffer, batch_size: int, beta: float | torch.Tensor = 0
         raise ValueError(f"only {available} sampleable rows for batch_size={batch_size}; add more rollouts "
                          f"first (check with can_sample)")
     beta = torch.as_tensor(beta, dtype=buffer.tree.dtype, device=buffer.tree.device)
-    draw = _compiled_draw() if compiled and generator is None else _draw
-    batch, offset = draw(spec, buffer.tree, buffer.storage, batch_size, beta, generator)
+    draw_fn = _compiled_draw() if compiled and generator is None else draw
+    batch, offset = draw_fn(spec, buffer.tree, buffer.storage, batch_size, beta, generator)
     if spec.frame_dedup:
         index = batch["index"]
         position, env = torch.div(index, spec.num_envs, rounding_mode="floor"), index % spec.num_envs
@@ -387,12 +387,15 @@ def sample(buffer: ReplayBuffer, batch_size: int, beta: float | torch.Tensor = 0
     return batch
 
 
-def _draw(spec: ReplaySpec, tree: torch.Tensor, storage: TensorDictBase, batch_size: int, beta: torch.Tensor,
-          generator: torch.Generator | None = None) -> tuple[TensorDict, torch.Tensor]:
+def draw(spec: ReplaySpec, tree: torch.Tensor, storage: TensorDictBase, batch_size: int, beta: torch.Tensor,
+         generator: torch.Generator | None = None) -> tuple[TensorDict, torch.Tensor]:
     """The tensor part of `sample`: draw leaves, gather rows and n-step targets.
 
-    Returns the batch [N] (without obs / next_obs when frame-deduplicated) and the
-    bootstrap offsets m [N]. Pure tensor code with static shapes, so it compiles."""
+    Takes a buffer's parts (`buffer.spec`, `buffer.tree`, `buffer.storage`) and beta as a
+    0-d float64 tensor. Returns the batch [N] (without obs / next_obs when
+    frame-deduplicated) and the bootstrap offsets m [N]. Pure tensor code with static
+    shapes and no check, so it compiles inside a larger graph (`fnrl.learner`); the caller
+    makes sure that at least one row is sampleable."""
     C, B, n = spec.rows_per_env, spec.num_envs, spec.n_step
     index = sum_tree_sample(tree, batch_size, stratified=spec.prioritized, generator=generator)
     position, env = torch.div(index, B, rounding_mode="floor"), index % B
@@ -423,10 +426,10 @@ _COMPILED_DRAW = None
 
 
 def _compiled_draw():
-    """`_draw` under torch.compile (made on first use, shared by all buffers)."""
+    """`draw` under torch.compile (made on first use, shared by all buffers)."""
     global _COMPILED_DRAW
     if _COMPILED_DRAW is None:
-        _COMPILED_DRAW = torch.compile(_draw, fullgraph=True, dynamic=False, options={"fallback_random": True})
+        _COMPILED_DRAW = torch.compile(draw, fullgraph=True, dynamic=False, options={"fallback_random": True})
     return _COMPILED_DRAW
 
 
@@ -443,10 +446,11 @@ def update_priorities(buffer: ReplayBuffer, index: torch.Tensor, priority: torch
 
 
 def set_priorities(spec, tree: torch.Tensor, table: TensorDict, max_priority: torch.Tensor, index: torch.Tensor,
-                   priority: torch.Tensor) -> None:
+                   priority: torch.Tensor, dedup: bool = True) -> None:
     """Store p = (|priority| + priority_eps)^alpha for flat items `index` [N] (item = position * B + env)
     in `table["priority"]` [P, B] and the sum tree (masked by `table["sampleable"]`), and raise
-    `max_priority`, in place. Shared by the row buffer and the sequence buffer."""
+    `max_priority`, in place. Shared by the row buffer and the sequence buffer. dedup=False:
+    the tree's static-shape update (`sum_tree_set(..., dedup=False)`), for a compiled graph."""
     if not spec.prioritized:
         raise ValueError("update_priorities needs a buffer made with prioritized=True")
     if index.dtype != torch.int64 or index.shape != priority.shape or index.ndim != 1:
@@ -456,5 +460,5 @@ def set_priorities(spec, tree: torch.Tensor, table: TensorDict, max_priority: to
     p = (priority.detach().to(spec.device, torch.float32).abs() + spec.priority_eps) ** spec.alpha
     position, env = torch.div(index, spec.num_envs, rounding_mode="floor"), index % spec.num_envs
     table["priority"][position, env] = p
-    sum_tree_set(tree, index, p * table["sampleable"][position, env])
+    sum_tree_set(tree, index, p * table["sampleable"][position, env], dedup=dedup)
     max_priority.copy_(torch.maximum(max_priority, p.max()))

@@ -1,0 +1,87 @@
+"""One off-policy learning step: replay sample -> update -> priority update.
+
+    learn = make_learner(update, batch_size, prioritized, fused=True)
+    state, metrics = learn(state, buffer, beta)    # buffer: fnrl.replay.ReplayBuffer
+
+`update(state, batch) -> (state, metrics)` is an algorithm's pure update (DQN family,
+DDPG / TD3 / SAC). The training loop (`fnrl.train`) calls `learn` `replay_ratio` times per
+env step; it is the only caller.
+
+fused=True (the loop's choice under `compile=True` for a row buffer without frame
+deduplication, one seed): the draw (`fnrl.replay.draw`: leaves from the sum tree, the rows,
+their n-step targets and importance weights), the loss, the gradient, the optimizer, the
+target update and, for a prioritized buffer, the new priorities (`fnrl.replay.set_priorities`
+with the tree's static-shape update) are **one compiled graph**, called once per update,
+and the state is **donated**: the graph writes the new state into the tensors of the
+state passed in (`state.update_(new_state)`, in place) and `learn` returns that same
+TensorDict. JAX's `jit(update, donate_argnums=0)` in PyTorch: `update` stays pure, the
+donation is the caller's, and the loop never reads a state it has passed on.
+
+What that saves, per update of CleanRL's DQN CartPole settings (batch 128, 120x84 MLP,
+1 core; `benchmarks/learner_step.md`): the separate compiled sample (a [N] batch
+TensorDict rebuilt in Python) and the second compiled call's entry, and the Python that
+rebuilds a new nested state TensorDict (params, target params, Adam moments) after every
+update; the graph's own calls are made from C++ (Inductor's `cpp_wrapper`).
+
+It draws with Inductor's `fallback_random`, so it uses the random numbers that the eager
+`replay.sample` + `update` draw: with the same seed both give the same batches and the same
+parameters (`tests/test_learner.py`).
+
+fused=False: `replay.sample` (compiled as its own graph when `sample_options` say so), then
+`update`, then `replay.update_priorities`: any buffer (sequence replay, vmapped rows' buffers
+via `fnrl.replay.multi`, frame-deduplicated Atari stacks) and eager runs.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from fnrl import replay as row_replay
+
+
+def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused: bool, replay=row_replay,
+                 sample_options: dict | None = None, rows: bool = False) -> Callable:
+    """`learn(state, buffer, beta) -> (state, metrics)`: sample `batch_size` rows of `buffer`,
+    apply `update` and (prioritized) write the new priorities `metrics["priority"]` [N].
+
+    beta: the importance-sampling exponent, a float. fused: see the module docstring
+    (`update` must then be the eager, uncompiled function; it is compiled here with the draw).
+    replay, sample_options, rows (fused=False only): the replay module of `buffer`
+    (`fnrl.replay`, `fnrl.replay.sequence` or `fnrl.replay.multi`), keywords of its `sample`,
+    and whether `buffer` holds vmapped rows' buffers (their index [R, N] is used as is).
+    """
+    if fused:
+        return _fused(update, batch_size, prioritized)
+    options = dict(sample_options or {})
+
+    def learn(state, buffer, beta: float):
+        batch = replay.sample(buffer, batch_size, beta=beta, **options)
+        state, metrics = update(state, batch)
+        if prioritized:
+            index = batch["index"][0] if batch["index"].ndim == 2 and not rows else batch["index"]
+            replay.update_priorities(buffer, index, metrics["priority"])
+        return state, metrics
+
+    return learn
+
+
+def _fused(update: Callable, batch_size: int, prioritized: bool) -> Callable:
+    def step(state, spec, tree, storage, table, max_priority, beta):
+        batch, _ = row_replay.draw(spec, tree, storage, batch_size, beta)
+        new_state, metrics = update(state, batch)
+        state.update_(new_state)   # donated: the new state goes into the old one's tensors
+        if prioritized:
+            row_replay.set_priorities(spec, tree, table, max_priority, batch["index"], metrics["priority"],
+                                      dedup=False)
+        return metrics
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False,
+                             options={"cpp_wrapper": True, "fallback_random": True})
+
+    def learn(state, buffer, beta: float):
+        beta = torch.tensor(beta, dtype=buffer.tree.dtype, device=buffer.tree.device)
+        metrics = compiled(state, buffer.spec, buffer.tree, buffer.storage, buffer.rows, buffer.max_priority, beta)
+        return state, metrics
+
+    return learn
