@@ -70,7 +70,7 @@ def per_update(algo: str, rounds: int, calls: int) -> dict:
         t = time.perf_counter()
         for _ in range(n):
             replay.can_sample(buffer, config.batch_size)
-            s, _ = learn(s, buffer, 0.4)
+            s, _, _ = learn(s, buffer, 0.4)
         states[name] = s
         return (time.perf_counter() - t) / n
 

@@ -1,7 +1,7 @@
 """One off-policy learning step: replay sample -> update -> priority update.
 
     learn = make_learner(update, batch_size, prioritized, fused=True)
-    state, metrics = learn(state, buffer, beta)    # buffer: fnrl.replay.ReplayBuffer
+    state, buffer, metrics = learn(state, buffer, beta)    # buffer: fnrl.replay.ReplayBuffer
 
 `update(state, batch) -> (state, metrics)` is an algorithm's pure update (DQN family,
 DDPG / TD3 / SAC). The training loop (`fnrl.train`) calls `learn` `replay_ratio` times per
@@ -14,7 +14,7 @@ target update and, for a prioritized buffer, the new priorities (`fnrl.replay.se
 with the tree's static-shape update) are **one compiled graph**, called once per update,
 and the state is **donated**: the graph writes the new state into the tensors of the
 state passed in (`state.update_(new_state)`, in place) and `learn` returns that same
-TensorDict. JAX's `jit(update, donate_argnums=0)` in PyTorch: `update` stays pure, the
+TensorDict (and the buffer, whose tree and priorities it updated in place). JAX's `jit(update, donate_argnums=0)` in PyTorch: `update` stays pure, the
 donation is the caller's, and the loop never reads a state it has passed on.
 
 What that saves, per update of CleanRL's DQN CartPole settings (batch 128, 120x84 MLP,
@@ -42,8 +42,9 @@ from fnrl import replay as row_replay
 
 def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused: bool, replay=row_replay,
                  sample_options: dict | None = None, rows: bool = False) -> Callable:
-    """`learn(state, buffer, beta) -> (state, metrics)`: sample `batch_size` rows of `buffer`,
-    apply `update` and (prioritized) write the new priorities `metrics["priority"]` [N].
+    """`learn(state, buffer, beta) -> (state, buffer, metrics)`: sample `batch_size` rows of
+    `buffer`, apply `update` and (prioritized) write the new priorities `metrics["priority"]` [N];
+    returns the new state and the buffer to use next, as `fnrl.replay`'s calls do.
 
     beta: the importance-sampling exponent, a float. fused: see the module docstring
     (`update` must then be the eager, uncompiled function; it is compiled here with the draw).
@@ -60,8 +61,8 @@ def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused:
         state, metrics = update(state, batch)
         if prioritized:
             index = batch["index"][0] if batch["index"].ndim == 2 and not rows else batch["index"]
-            replay.update_priorities(buffer, index, metrics["priority"])
-        return state, metrics
+            buffer = replay.update_priorities(buffer, index, metrics["priority"])
+        return state, buffer, metrics
 
     return learn
 
@@ -82,6 +83,6 @@ def _fused(update: Callable, batch_size: int, prioritized: bool) -> Callable:
     def learn(state, buffer, beta: float):
         beta = torch.tensor(beta, dtype=buffer.tree.dtype, device=buffer.tree.device)
         metrics = compiled(state, buffer.spec, buffer.tree, buffer.storage, buffer.rows, buffer.max_priority, beta)
-        return state, metrics
+        return state, buffer, metrics
 
     return learn

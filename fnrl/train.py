@@ -521,7 +521,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                     beta = config.priority_beta + (1.0 - config.priority_beta) * progress
                     while update_credit >= 1.0 and replay.can_sample(replay_state, config.batch_size):
                         with _steady(warm), _intra_op_threads(update_threads):
-                            state, metrics = learn(state, replay_state, beta)
+                            state, replay_state, metrics = learn(state, replay_state, beta)
                         updates_here += 1   # act, add, sample and update have run, on fresh and updated states
                         warm = may_skip_guards and updates_here >= 2
                         update_credit -= 1.0
@@ -583,7 +583,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
 
 
 def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequence_replay: bool):
-    """The loop's `learn(state, buffer, beta) -> (state, metrics)` (fnrl.learner): fused (sample and
+    """The loop's `learn(state, buffer, beta) -> (state, buffer, metrics)` (fnrl.learner): fused (sample and
     update in one compiled graph, the state donated) or sample, update and priorities one by one
     (the row replay's draw compiled as its own graph under `compile`)."""
     from fnrl.learner import make_learner

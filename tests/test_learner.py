@@ -49,10 +49,10 @@ def test_fused_learner_equals_eager_sample_update_and_priorities_without_recompi
     passed_in = fused_state
     for i in range(3):
         torch.manual_seed(10 + i)
-        eager_state, eager_metrics = eager(eager_state, eager_buffer, 0.4 + 0.1 * i)
+        eager_state, eager_buffer, eager_metrics = eager(eager_state, eager_buffer, 0.4 + 0.1 * i)
         torch.manual_seed(10 + i)
         with torch.compiler.set_stance("fail_on_recompile" if i > 0 else "default"):
-            fused_state, fused_metrics = fused(fused_state, fused_buffer, 0.4 + 0.1 * i)
+            fused_state, fused_buffer, fused_metrics = fused(fused_state, fused_buffer, 0.4 + 0.1 * i)
         assert fused_state is passed_in   # donated: the new state is written into the one passed in
         torch.testing.assert_close(fused_state.flatten_keys(".").to_dict(),
                                    eager_state.flatten_keys(".").to_dict(), rtol=1e-5, atol=1e-6)
