@@ -14,8 +14,9 @@ target update and, for a prioritized buffer, the new priorities (`fnrl.replay.se
 with the tree's static-shape update) are **one compiled graph**, called once per update,
 and the state is **donated**: the graph writes the new state into the tensors of the
 state passed in (`state.update_(new_state)`, in place) and `learn` returns that same
-TensorDict (and the buffer, whose tree and priorities it updated in place). JAX's `jit(update, donate_argnums=0)` in PyTorch: `update` stays pure, the
-donation is the caller's, and the loop never reads a state it has passed on.
+TensorDict (and the buffer, whose tree and priorities it updated in place). JAX's
+`jit(update, donate_argnums=0)` in PyTorch: `update` stays pure, the donation is the
+caller's, and the loop never reads a state it has passed on.
 
 What that saves, per update of CleanRL's DQN CartPole settings (batch 128, 120x84 MLP,
 1 core; `benchmarks/learner_step.md`): the separate compiled sample (a [N] batch
@@ -80,9 +81,14 @@ def _fused(update: Callable, batch_size: int, prioritized: bool) -> Callable:
     compiled = torch.compile(step, fullgraph=True, dynamic=False,
                              options={"cpp_wrapper": True, "fallback_random": True})
 
+    beta_tensor = None   # one 0-d tensor refilled per call (a graph input, so a new beta never recompiles)
+
     def learn(state, buffer, beta: float):
-        beta = torch.tensor(beta, dtype=buffer.tree.dtype, device=buffer.tree.device)
-        metrics = compiled(state, buffer.spec, buffer.tree, buffer.storage, buffer.rows, buffer.max_priority, beta)
+        nonlocal beta_tensor
+        if beta_tensor is None:
+            beta_tensor = torch.empty((), dtype=buffer.tree.dtype, device=buffer.tree.device)
+        metrics = compiled(state, buffer.spec, buffer.tree, buffer.storage, buffer.rows, buffer.max_priority,
+                           beta_tensor.fill_(beta))
         return state, buffer, metrics
 
     return learn

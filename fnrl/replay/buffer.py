@@ -18,8 +18,8 @@ from fnrl.replay.frames import stack_source_rows, stack_starts
 from fnrl.replay.sum_tree import sum_tree_get, sum_tree_init, sum_tree_sample, sum_tree_set
 from fnrl.returns import n_step_returns
 
-__all__ = ["ReplaySpec", "ReplayBuffer", "init", "add", "sample", "draw", "update_priorities", "size",
-           "num_sampleable", "can_sample"]
+__all__ = ["ReplaySpec", "ReplayBuffer", "init", "add", "sample", "draw", "update_priorities", "set_priorities",
+           "size", "num_sampleable", "can_sample"]
 
 REQUIRED_KEYS = ("obs", "action", "reward", "terminated", "done", "valid")
 SAMPLE_KEYS = ("discount", "next_obs", "weight", "index")
