@@ -1,14 +1,16 @@
-"""The off-policy learner step fused into one compiled graph vs sampled and updated separately.
+"""The off-policy learner step: sampled and updated separately, fused into one compiled graph, and
+that graph ahead of time.
 
-Two measurements, each interleaved in one process (rounds of A then B; the ratio is the median
-of the per-round ratios, so a change of the host's speed between rounds cancels):
+Two measurements, each interleaved in one process (rounds of A, B, C; a ratio is the median of
+the per-round ratios, so a change of the host's speed between rounds cancels):
 
 1. per update, on a filled buffer: `separate` = `replay.can_sample` + `replay.sample(compiled=True)`
    + the `torch.compile`d update (fnrl.train with FUSED_LEARNER = False), `fused` = the
-   `fnrl.learner` step (sample -> update -> priorities as one graph, state donated,
-   cpp_wrapper) + `replay.can_sample`;
-2. (dqn only) whole `fnrl.train` runs with `fnrl.train.FUSED_LEARNER` False / True: env steps
-   per second after learning starts (updates included).
+   `fnrl.learner` step through `torch.compile` (sample -> update -> priorities as one graph,
+   state donated, cpp_wrapper) + `replay.can_sample`, `ahead of time` = the same step as an
+   AOTInductor model called with the flat leaves (`make_learner(..., ahead_of_time=True)`);
+2. (dqn only) whole `fnrl.train` runs with the fused learner through `torch.compile` and ahead of
+   time (the loop's default): env steps per second after learning starts (updates included).
 
 Settings: benchmarks/suite.py's CARTPOLE_DQN (CleanRL dqn.py: batch 128, 120x84, an update
 every 10 env steps) and HALFCHEETAH_SAC (batch 256, 256x256). Writes a markdown table to stdout.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+import fnrl.learner as learner_mod  # noqa: E402
 import fnrl.train as train_mod  # noqa: E402
 from fnrl import algos, envs, replay, samplers  # noqa: E402
 from fnrl.learner import make_learner  # noqa: E402
@@ -62,6 +66,8 @@ def per_update(algo: str, rounds: int, calls: int) -> dict:
         "separate": make_learner(compiled_update, config.batch_size, config.prioritized, fused=False,
                                  sample_options={"compiled": True}),
         "fused": make_learner(agent.update, config.batch_size, config.prioritized, fused=True),
+        "ahead of time": make_learner(agent.update, config.batch_size, config.prioritized, fused=True,
+                                      ahead_of_time=True),
     }
     states = {name: state.clone() for name in ways}
 
@@ -81,22 +87,33 @@ def per_update(algo: str, rounds: int, calls: int) -> dict:
         for _ in range(rounds):
             for name in ways:
                 times[name].append(run(name, calls))
-    ratios = [s / f for s, f in zip(times["separate"], times["fused"])]
-    return {"separate_us": 1e6 * statistics.median(times["separate"]),
-            "fused_us": 1e6 * statistics.median(times["fused"]), "speedup": statistics.median(ratios),
-            "spread": (min(ratios), max(ratios))}
+
+    def ratio(a: str, b: str) -> tuple[float, float, float]:
+        r = [x / y for x, y in zip(times[a], times[b])]
+        return statistics.median(r), min(r), max(r)
+
+    return {"us": {name: 1e6 * statistics.median(t) for name, t in times.items()},
+            "separate / fused": ratio("separate", "fused"), "fused / ahead of time": ratio("fused", "ahead of time")}
 
 
-def train_sps(fused: bool, steps: int) -> float:
-    train_mod.FUSED_LEARNER = fused
+def train_sps(ahead_of_time: bool, steps: int) -> float:
     config = dataclasses.replace(algos.default_config("dqn"), **CARTPOLE_DQN)
     config = dataclasses.replace(config, total_steps=config.learning_starts + steps)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = train_mod.train("dqn", config, seed=1, log_dir=Path(tmp) / "run", compile=True, quiet=True,
-                                 tensorboard=False, plot=False, threads=1, log_interval=1_000)
+    make = learner_mod.make_learner
+    learner_mod.make_learner = functools.partial(_learner_with, make, ahead_of_time)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = train_mod.train("dqn", config, seed=1, log_dir=Path(tmp) / "run", compile=True, quiet=True,
+                                     tensorboard=False, plot=False, threads=1, log_interval=1_000)
+    finally:
+        learner_mod.make_learner = make
     rows = result.history
     start = next(r for r in rows if r["env_steps"] >= config.learning_starts + 2_000)
     return (rows[-1]["env_steps"] - start["env_steps"]) / (rows[-1]["wall_s"] - start["wall_s"])
+
+
+def _learner_with(make, aot_step: bool, *args, **kwargs):
+    return make(*args, **{**kwargs, "ahead_of_time": aot_step and kwargs.get("fused", False)})
 
 
 def main() -> None:
@@ -110,22 +127,26 @@ def main() -> None:
     torch.set_num_threads(1)
     load0 = os.getloadavg()[0]
     print(f"Machine: {machine(1)}\n")
-    print("| algo (settings) | separate µs / update | fused µs / update | separate / fused (median, range) |")
-    print("|---|---:|---:|---|")
+    print("| algo (settings) | separate µs / update | fused µs / update | ahead of time µs / update | "
+          "separate / fused (median, range) | fused / ahead of time (median, range) |")
+    print("|---|---:|---:|---:|---|---|")
     for algo in args.algos.split(","):
         r = per_update(algo, args.rounds, args.calls)
-        print(f"| {algo} | {r['separate_us']:,.0f} | {r['fused_us']:,.0f} | {r['speedup']:.2f}x "
-              f"({r['spread'][0]:.2f}-{r['spread'][1]:.2f}) |", flush=True)
+        us = r["us"]
+        cells = [f"{x[0]:.2f}x ({x[1]:.2f}-{x[2]:.2f})" for x in (r["separate / fused"], r["fused / ahead of time"])]
+        print(f"| {algo} | {us['separate']:,.0f} | {us['fused']:,.0f} | {us['ahead of time']:,.0f} | "
+              f"{cells[0]} | {cells[1]} |", flush=True)
     if args.train_rounds:
         sps = {False: [], True: []}
         for _ in range(args.train_rounds):
-            for fused in (False, True):
-                sps[fused].append(train_sps(fused, args.train_steps))
-        ratios = [f / s for s, f in zip(sps[False], sps[True])]
-        print("\n| DQN CartPole `fnrl.train` (CleanRL settings) | separate SPS | fused SPS | fused / separate |")
+            for ahead in (False, True):
+                sps[ahead].append(train_sps(ahead, args.train_steps))
+        ratios = [a / c for c, a in zip(sps[False], sps[True])]
+        print("\n| DQN CartPole `fnrl.train` (CleanRL settings) | fused, torch.compile SPS | fused, ahead of time SPS "
+              "| ahead of time / torch.compile |")
         print("|---|---|---|---|")
-        for i, (s, f) in enumerate(zip(sps[False], sps[True])):
-            print(f"| round {i + 1} | {s:,.0f} | {f:,.0f} | {f / s:.2f}x |")
+        for i, (c, a) in enumerate(zip(sps[False], sps[True])):
+            print(f"| round {i + 1} | {c:,.0f} | {a:,.0f} | {a / c:.2f}x |")
         print(f"| **median** | {statistics.median(sps[False]):,.0f} | {statistics.median(sps[True]):,.0f} | "
               f"**{statistics.median(ratios):.2f}x** |")
     print(f"\nLoad average {load0:.2f} -> {os.getloadavg()[0]:.2f}.")

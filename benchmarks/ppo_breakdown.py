@@ -73,12 +73,14 @@ class Timed:
 
 
 class TimedRaw:
-    """Stands in for an EnvPool env, timing its C++ step (`step`, or `send` + `recv`)."""
+    """Stands in for the backend's env, timing its step (EnvPool's C++ `step`, or `send` + `recv`;
+    the in-process gymnasium batch's `step`)."""
 
     def __init__(self, raw, timed: Timed):
         self._raw = raw
         for name in ("step", "send", "recv", "_send", "_recv"):   # _send/_recv: fnrl.envs.batched.EnvPoolCalls
-            setattr(self, name, timed.wrap(getattr(raw, name), "raw_env"))
+            if hasattr(raw, name):
+                setattr(self, name, timed.wrap(getattr(raw, name), "raw_env"))
 
     def __getattr__(self, name):
         return getattr(self._raw, name)
@@ -147,6 +149,7 @@ def raw_rollout_ms(num_envs: int, rounds: int) -> float:
 
 VARIANTS = {"serial, compiled act": ("serial", True, True),
             "serial, eager act": ("serial", False, True),
+            "alternating, compiled act": ("alternating", True, True),
             "alternating, eager act": ("alternating", False, True),
             "eager act, eager update": ("serial", False, False)}
 

@@ -1,4 +1,4 @@
-"""Ahead-of-time compiled acting: a policy step as one AOTInductor-compiled C++ function.
+"""Ahead-of-time compiled acting (and learner steps): one AOTInductor-compiled C++ function.
 
 A `torch.compile`d `act` is fast math behind a slow door: every call goes through
 TorchDynamo's frame hook, its guard check and AOTAutograd's runtime wrappers, which cost
@@ -25,6 +25,10 @@ Inductor options and the torch version, so a second run of the same policy loads
 about a second instead of compiling for ~20 s. Randomness: the compiled model draws from
 torch's global generator; with Inductor's `fallback_random` option it draws exactly what
 eager `act` draws under the same seed.
+
+`compile_traced` serves functions that `torch.export` cannot trace by itself, such as a
+whole update with its `torch.func.grad` (`fnrl.learner`'s fused step): traced by `make_fx`
+first, then exported, compiled and cached the same way.
 """
 from __future__ import annotations
 
@@ -37,12 +41,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 
 ENABLED = True
-"""Compiled training runs (`fnrl.train`, `fnrl.seeds`) act through `AotAct`; False: through
-the `torch.compile`d act only."""
+"""Compiled training runs (`fnrl.train`, `fnrl.seeds`) act through `AotAct`, and the off-policy
+loop's fused learner step runs as an AOTInductor model (`fnrl.learner`); False: both through
+`torch.compile` only."""
 
 
 def cache_dir() -> Path:
@@ -69,7 +74,8 @@ def _package_key(program: torch.export.ExportedProgram, options: dict) -> str:
     for node in program.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
-            h.update(f"{node.name}:{getattr(val, 'shape', None)}:{getattr(val, 'dtype', None)}".encode())
+            stride = val.stride() if torch.is_tensor(val) else None
+            h.update(f"{node.name}:{getattr(val, 'shape', None)}:{stride}:{getattr(val, 'dtype', None)}".encode())
     for name, value in sorted(program.constants.items()):
         h.update(name.encode())
         if torch.is_tensor(value):
@@ -101,7 +107,108 @@ def compile_package(program: torch.export.ExportedProgram, options: dict) -> str
     return str(path)
 
 
-def _leaf_reader(key) -> Callable[[TensorDict], torch.Tensor]:
+class _Traced(torch.nn.Module):
+    """An fx graph (of `make_fx`) as a module, for torch.export."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule):
+        super().__init__()
+        self.graph_module = graph_module
+
+    def forward(self, *args):
+        return self.graph_module(*args)
+
+
+def compile_traced(fn: Callable, args: list[torch.Tensor], options: dict) -> Callable[[list], list]:
+    """`fn(*args)` (tensors in, a tuple of tensors out) as an AOTInductor model: returns
+    `run(list of tensors) -> list of tensors`.
+
+    `fn` is traced to ATen ops by `make_fx` on fake tensors, which goes through `torch.func`
+    transforms (`grad`, `vmap`) where `torch.export` alone fails, then exported and compiled
+    (`compile_package`: cached on disk like the acting models). Writes into the inputs
+    (a donated state's `update_`) stay in the model: a call updates those tensors in place.
+    Raises whatever tracing or compiling raises; the caller decides on a fallback.
+    """
+    from torch._export.utils import _compiling_state_context
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    # traced as torch.compile traces: torch.compiler.is_compiling() is True in `fn` (fnrl's
+    # compiled forms: torch.cond / scan, the fused tanh); tensors `fn` captures become constants
+    with torch.random.fork_rng(), _compiling_state_context():
+        graph_module = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+    program = torch.export.export(_Traced(graph_module), tuple(args), strict=False)
+    runner = torch._inductor.aoti_load_package(compile_package(program, options))
+    loader = getattr(runner, "loader", None)
+    return loader.run if loader is not None else (lambda inputs: runner(*inputs))
+
+
+class AotFunction:
+    """`fn(*args)` as an AOTInductor model (`compile_traced`) called with the leaves of `args`.
+
+    args: tensors and TensorDicts (anything else `fn` needs is bound in it). `fn` returns a
+    tensor, a flat dict (or TensorDict) of tensors, or None, and may write into its inputs in
+    place: the model makes the same writes. Built for the first call's args; a later call
+    passes args of the same structure, shapes and dtypes (the leaves are read at every call,
+    so other tensors in the same places are fine), and gets a tensor, a TensorDict [] of the
+    dict's entries, or None. Raises at construction what tracing or compiling raises, and
+    ValueError where two inputs share memory (traced as separate tensors, a write into one
+    would not show in the other)."""
+
+    def __init__(self, fn: Callable, args: tuple, options: dict | None = None):
+        self.keys = []   # per arg: None for a tensor, the leaf keys of a TensorDict
+        for a in args:
+            if not (torch.is_tensor(a) or isinstance(a, TensorDictBase)):
+                raise TypeError(f"AotFunction takes tensors and TensorDicts, got {type(a).__name__}")
+            self.keys.append(None if torch.is_tensor(a) else list(a.keys(include_nested=True, leaves_only=True)))
+        self.readers = [None if keys is None else [leaf_reader(k) for k in keys] for keys in self.keys]
+        self.out_keys: list | None = None   # None: a tensor; a list: the dict's keys
+        self.returns_none = False
+
+        def flat(*leaves):
+            leaves, rebuilt = list(leaves), []
+            for a, keys in zip(args, self.keys):
+                if keys is None:
+                    rebuilt.append(leaves.pop(0))
+                    continue
+                td = a.empty(recurse=True)   # a's nesting and batch sizes, without its tensors
+                for key in keys:
+                    td.set(key, leaves.pop(0))
+                rebuilt.append(td)
+            out = fn(*rebuilt)
+            if out is None:
+                self.returns_none = True
+                return ()
+            if torch.is_tensor(out):
+                return (out,)
+            if any(not torch.is_tensor(v) for v in out.values()):
+                raise TypeError("only a tensor or a flat dict of tensors is returned")
+            self.out_keys = list(out.keys())
+            return tuple(out.values())
+
+        inputs = self.leaves(args)
+        memory = [x.untyped_storage().data_ptr() for x in inputs if x.numel()]
+        if len(set(memory)) < len(memory):
+            raise ValueError("two of the inputs share memory")
+        self.run = compile_traced(flat, inputs, dict(options or {}))
+
+    def leaves(self, args: tuple) -> list[torch.Tensor]:
+        out = []
+        for a, readers in zip(args, self.readers):
+            if readers is None:
+                out.append(a)
+            else:
+                out.extend(read(a) for read in readers)
+        return out
+
+    def __call__(self, *args):
+        values = self.run(self.leaves(args))
+        if self.returns_none:
+            return None
+        if self.out_keys is None:
+            return values[0]
+        return TensorDict(dict(zip(self.out_keys, values)), batch_size=[])
+
+
+def leaf_reader(key) -> Callable[[TensorDict], torch.Tensor]:
     """`td -> td.get(key)` through the TensorDicts' own dicts (~0.3 us instead of ~6 us a call);
     `get` where a level is not a plain TensorDict."""
     path = (key,) if isinstance(key, str) else tuple(key)
@@ -146,7 +253,7 @@ class AotAct:
     def _build(self, state: TensorDict, obs: torch.Tensor) -> None:
         chosen = state if self.select is None else state.select(*self.select, strict=False)
         self.leaf_keys = list(chosen.keys(include_nested=True, leaves_only=True))
-        self.readers = [_leaf_reader(k) for k in self.leaf_keys]
+        self.readers = [leaf_reader(k) for k in self.leaf_keys]
         leaves = [chosen.get(k) for k in self.leaf_keys]
         flat = _Flat(self.act, self.leaf_keys, chosen.batch_size)
         devices = [obs.device] if obs.device.type == "cuda" else []

@@ -28,6 +28,15 @@ It draws with Inductor's `fallback_random`, so it uses the random numbers that t
 `replay.sample` + `update` draw: with the same seed both give the same batches and the same
 parameters (`tests/test_learner.py`).
 
+ahead_of_time=True (the loop's choice where `fnrl.aot.ENABLED`): the same step, traced once
+(`make_fx` on fake tensors, through `torch.func.grad`), exported and compiled by AOTInductor
+(`fnrl.aot.compile_traced`, cached on disk), then called with the ~40 tensor leaves of the
+state and the buffer as a flat list. That skips TorchDynamo's frame hook, guard lookup and
+AOTAutograd's wrappers around the graph: per DQN update (CleanRL's CartPole settings, 1 core)
+~540 -> ~360 us; the SAC and TD3 updates, arithmetic-bound, run as fast either way
+(`benchmarks/learner_step.md`). A step that cannot be traced this way runs through
+`torch.compile`, after one warning.
+
 fused=False: `replay.sample` (compiled as its own graph when `sample_options` say so), then
 `update`, then `replay.update_priorities`: any buffer (sequence replay, vmapped rows' buffers
 via `fnrl.replay.multi`, frame-deduplicated Atari stacks) and eager runs.
@@ -36,25 +45,31 @@ from __future__ import annotations
 
 from typing import Callable
 
+import functools
+import warnings
+
 import torch
 
+from fnrl import aot
 from fnrl import replay as row_replay
 
 
-def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused: bool, replay=row_replay,
-                 sample_options: dict | None = None, rows: bool = False) -> Callable:
+def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused: bool, ahead_of_time: bool = False,
+                 replay=row_replay, sample_options: dict | None = None, rows: bool = False) -> Callable:
     """`learn(state, buffer, beta) -> (state, buffer, metrics)`: sample `batch_size` rows of
     `buffer`, apply `update` and (prioritized) write the new priorities `metrics["priority"]` [N];
     returns the new state and the buffer to use next, as `fnrl.replay`'s calls do.
 
     beta: the importance-sampling exponent, a float. fused: see the module docstring
     (`update` must then be the eager, uncompiled function; it is compiled here with the draw).
+    ahead_of_time (fused=True only): serve the calls with an AOTInductor model of the fused step
+    (module docstring), falling back to `torch.compile` with a warning where it cannot be built.
     replay, sample_options, rows (fused=False only): the replay module of `buffer`
     (`fnrl.replay`, `fnrl.replay.sequence` or `fnrl.replay.multi`), keywords of its `sample`,
     and whether `buffer` holds vmapped rows' buffers (their index [R, N] is used as is).
     """
     if fused:
-        return _fused(update, batch_size, prioritized)
+        return _fused(update, batch_size, prioritized, ahead_of_time)
     options = dict(sample_options or {})
 
     def learn(state, buffer, beta: float):
@@ -68,8 +83,8 @@ def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused:
     return learn
 
 
-def _fused(update: Callable, batch_size: int, prioritized: bool) -> Callable:
-    def step(state, spec, tree, storage, table, max_priority, beta):
+def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: bool) -> Callable:
+    def step(state, tree, storage, table, max_priority, beta, *, spec):
         batch, _ = row_replay.draw(spec, tree, storage, batch_size, beta)
         new_state, metrics = update(state, batch)
         state.update_(new_state)   # donated: the new state goes into the old one's tensors
@@ -80,15 +95,32 @@ def _fused(update: Callable, batch_size: int, prioritized: bool) -> Callable:
 
     compiled = torch.compile(step, fullgraph=True, dynamic=False,
                              options={"cpp_wrapper": True, "fallback_random": True})
-
+    model = None         # the step as an AOTInductor model (fnrl.aot.AotFunction), built at the first call
     beta_tensor = None   # one 0-d tensor refilled per call (a graph input, so a new beta never recompiles)
 
     def learn(state, buffer, beta: float):
-        nonlocal beta_tensor
+        nonlocal beta_tensor, model, ahead_of_time
         if beta_tensor is None:
             beta_tensor = torch.empty((), dtype=buffer.tree.dtype, device=buffer.tree.device)
-        metrics = compiled(state, buffer.spec, buffer.tree, buffer.storage, buffer.rows, buffer.max_priority,
-                           beta_tensor.fill_(beta))
+        beta_tensor.fill_(beta)
+        if ahead_of_time:
+            if model is None:
+                try:
+                    model = aot.AotFunction(functools.partial(step, spec=buffer.spec),
+                                            _parts(state, buffer, beta_tensor), {"fallback_random": True})
+                except Exception as e:   # noqa: BLE001 - any trace / export / compile failure: torch.compile
+                    warnings.warn(f"the learner step is not ahead-of-time compiled ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''}); using torch.compile",
+                                  stacklevel=2)
+                    ahead_of_time = False
+            if ahead_of_time:
+                return state, buffer, model(*_parts(state, buffer, beta_tensor))
+        metrics = compiled(*_parts(state, buffer, beta_tensor), spec=buffer.spec)
         return state, buffer, metrics
 
     return learn
+
+
+def _parts(state, buffer, beta: torch.Tensor) -> tuple:
+    """The fused step's tensor arguments (its `spec` is static)."""
+    return state, buffer.tree, buffer.storage, buffer.rows, buffer.max_priority, beta

@@ -476,56 +476,56 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     learn = None   # the off-policy learner step (fnrl.learner), made with the replay buffer
     try:
         while counters["env_steps"] < config.total_steps:
-            with _steady(warm):
+            with _steady(warm):   # one stance for the iteration's compiled calls (~9 us to enter)
                 rollout = sampler.collect(state)
-            counters["env_steps"] += steps_per_collect
-            state["env_steps"] += steps_per_collect
-            if rows:
-                for r, g in enumerate(vmapped.episode_returns_by_row(rollout, width)):
-                    row_returns[r].extend(g)
-            else:
-                ended = rollout["episode_end"]
-                if ended.any():
-                    ep_returns.extend(rollout["episode_return"][ended].tolist())
-            if not off_policy:
-                with _steady(warm), _intra_op_threads(update_threads):
-                    state, metrics = agent.update(state, rollout)
-                counters["updates"] += 1
-                updates_here += 1
-                warm = may_skip_guards and updates_here >= 2
-            else:
-                if sequence_replay:
-                    from fnrl.replay import sequence as replay
-
-                    data, priority = (vmapped.sequence_input(module, rows, rollout) if rows
-                                      else module.sequence_input(config, rollout))
-                    if replay_state is None:
-                        replay_state = _init_sequence_replay(config, data, env.spec, device, rows)
-                    if rows:  # one sequence buffer per row, sampled as [R, L, N] (fnrl.replay.multi)
-                        from fnrl.replay import multi as replay
-                    replay_state = replay.add(replay_state, data, priority)
+                counters["env_steps"] += steps_per_collect
+                state["env_steps"] += steps_per_collect
+                if rows:
+                    for r, g in enumerate(vmapped.episode_returns_by_row(rollout, width)):
+                        row_returns[r].extend(g)
                 else:
-                    from fnrl import replay
+                    ended = rollout["episode_end"]
+                    if ended.any():
+                        ep_returns.extend(rollout["episode_return"][ended].tolist())
+                if not off_policy:
+                    with _intra_op_threads(update_threads):
+                        state, metrics = agent.update(state, rollout)
+                    counters["updates"] += 1
+                    updates_here += 1
+                    warm = may_skip_guards and updates_here >= 2
+                else:
+                    if sequence_replay:
+                        from fnrl.replay import sequence as replay
 
-                    if rows:  # one buffer per row, sampled as [R, N] (fnrl.replay.multi)
-                        from fnrl.replay import multi as replay
-                    if replay_state is None:
-                        replay_state = _init_replay(config, rollout, env.spec, device, rows)
-                    with _steady(warm):
-                        replay_state = replay.add(replay_state, rollout, compiled=compile)
-                if learn is None:
-                    learn = _make_learner(agent.update, config, replay, fused_learner, compile, rows, sequence_replay)
-                if counters["env_steps"] >= config.learning_starts:
-                    update_credit += steps_per_collect * config.replay_ratio
-                    progress = counters["env_steps"] / config.total_steps
-                    beta = config.priority_beta + (1.0 - config.priority_beta) * progress
-                    while update_credit >= 1.0 and replay.can_sample(replay_state, config.batch_size):
-                        with _steady(warm), _intra_op_threads(update_threads):
-                            state, replay_state, metrics = learn(state, replay_state, beta)
-                        updates_here += 1   # act, add, sample and update have run, on fresh and updated states
-                        warm = may_skip_guards and updates_here >= 2
-                        update_credit -= 1.0
-                        counters["updates"] += 1
+                        data, priority = (vmapped.sequence_input(module, rows, rollout) if rows
+                                          else module.sequence_input(config, rollout))
+                        if replay_state is None:
+                            replay_state = _init_sequence_replay(config, data, env.spec, device, rows)
+                        if rows:  # one sequence buffer per row, sampled as [R, L, N] (fnrl.replay.multi)
+                            from fnrl.replay import multi as replay
+                        replay_state = replay.add(replay_state, data, priority)
+                    else:
+                        from fnrl import replay
+
+                        if rows:  # one buffer per row, sampled as [R, N] (fnrl.replay.multi)
+                            from fnrl.replay import multi as replay
+                        if replay_state is None:
+                            replay_state = _init_replay(config, rollout, env.spec, device, rows)
+                        replay_state = replay.add(replay_state, rollout, compiled=compile, ahead_of_time=aot.ENABLED)
+                    if learn is None:
+                        learn = _make_learner(agent.update, config, replay, fused_learner, compile, rows,
+                                              sequence_replay, ahead_of_time=aot.ENABLED and world.size == 1)
+                    if counters["env_steps"] >= config.learning_starts:
+                        update_credit += steps_per_collect * config.replay_ratio
+                        progress = counters["env_steps"] / config.total_steps
+                        beta = config.priority_beta + (1.0 - config.priority_beta) * progress
+                        while update_credit >= 1.0 and replay.can_sample(replay_state, config.batch_size):
+                            with _intra_op_threads(update_threads):
+                                state, replay_state, metrics = learn(state, replay_state, beta)
+                            updates_here += 1   # act, add, sample and update have run, on fresh and updated states
+                            warm = may_skip_guards and updates_here >= 2
+                            update_credit -= 1.0
+                            counters["updates"] += 1
             if bar is not None:
                 bar.update(steps_per_collect * world.size)
             if counters["env_steps"] >= next_log or counters["env_steps"] >= config.total_steps:
@@ -582,13 +582,17 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
 
 
-def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequence_replay: bool):
+def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequence_replay: bool,
+                  ahead_of_time: bool = False):
     """The loop's `learn(state, buffer, beta) -> (state, buffer, metrics)` (fnrl.learner): fused (sample and
-    update in one compiled graph, the state donated) or sample, update and priorities one by one
-    (the row replay's draw compiled as its own graph under `compile`)."""
+    update in one graph, the state donated; as an AOTInductor model with `ahead_of_time`, which the loop
+    asks for where `fnrl.aot.ENABLED` and one process trains: no all-reduce inside the step) or
+    sample, update and priorities one by one (the row replay's draw compiled as its own graph under
+    `compile`)."""
     from fnrl.learner import make_learner
 
-    return make_learner(update, config.batch_size, config.prioritized, fused=fused, replay=replay,
+    return make_learner(update, config.batch_size, config.prioritized, fused=fused,
+                        ahead_of_time=fused and ahead_of_time, replay=replay,
                         sample_options={} if sequence_replay else {"compiled": compile}, rows=bool(rows))
 
 

@@ -1,7 +1,10 @@
 """fnrl.learner: the fused learner step (sample -> update -> priorities in one compiled graph,
-the state donated) equals replay.sample + update + replay.update_priorities done eagerly."""
+the state donated), through torch.compile and ahead of time, equals replay.sample + update +
+replay.update_priorities done eagerly."""
 import dataclasses
+import warnings
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -36,7 +39,8 @@ def buffer(config) -> replay.ReplayBuffer:
     return buf
 
 
-def test_fused_learner_equals_eager_sample_update_and_priorities_without_recompiles():
+@pytest.mark.parametrize("ahead_of_time", [False, True], ids=["torch_compile", "ahead_of_time"])
+def test_fused_learner_equals_eager_sample_update_and_priorities_without_recompiles(ahead_of_time):
     config = dataclasses.replace(dqn.Config(), **{**dqn.VARIANTS["rainbow"], **dict(
         hidden=(16,), num_envs=B, batch_size=16, buffer_size=64, learning_starts=0, num_atoms=11,
         target_update_interval=2)})
@@ -44,14 +48,15 @@ def test_fused_learner_equals_eager_sample_update_and_priorities_without_recompi
     agent = dqn.make(config, SPEC)
     eager_buffer, fused_buffer = buffer(config), buffer(config)
     eager = make_learner(agent.update, config.batch_size, True, fused=False)
-    fused = make_learner(agent.update, config.batch_size, True, fused=True)
+    fused = make_learner(agent.update, config.batch_size, True, fused=True, ahead_of_time=ahead_of_time)
     eager_state, fused_state = agent.init(0), agent.init(0)
     passed_in = fused_state
     for i in range(3):
         torch.manual_seed(10 + i)
         eager_state, eager_buffer, eager_metrics = eager(eager_state, eager_buffer, 0.4 + 0.1 * i)
         torch.manual_seed(10 + i)
-        with torch.compiler.set_stance("fail_on_recompile" if i > 0 else "default"):
+        with torch.compiler.set_stance("fail_on_recompile" if i > 0 else "default"), warnings.catch_warnings():
+            warnings.filterwarnings("error", message="the learner step is not ahead-of-time")   # no fallback
             fused_state, fused_buffer, fused_metrics = fused(fused_state, fused_buffer, 0.4 + 0.1 * i)
         assert fused_state is passed_in   # donated: the new state is written into the one passed in
         torch.testing.assert_close(fused_state.flatten_keys(".").to_dict(),
@@ -61,3 +66,33 @@ def test_fused_learner_equals_eager_sample_update_and_priorities_without_recompi
         torch.testing.assert_close(fused_buffer.tree, eager_buffer.tree, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(fused_buffer.max_priority, eager_buffer.max_priority)
     assert int(fused_state["updates"]) == 3
+
+
+def test_ahead_of_time_learner_falls_back_to_torch_compile_with_a_warning():
+    """A step the ahead-of-time path does not serve (here: nested metrics) runs through
+    torch.compile instead, with the same results as eager."""
+    config = dataclasses.replace(dqn.Config(), hidden=(8,), num_envs=B, batch_size=8, buffer_size=64,
+                                 learning_starts=0)
+    agent = dqn.make(config, SPEC)
+
+    def update(state, batch):
+        state, metrics = agent.update(state, batch)
+        metrics["nested"] = TensorDict({"loss": metrics["loss/q"]}, batch_size=[])
+        return state, metrics
+
+    eager = make_learner(update, config.batch_size, False, fused=False)
+    fused = make_learner(update, config.batch_size, False, fused=True, ahead_of_time=True)
+    eager_state, fused_state = agent.init(0), agent.init(0)
+    eager_buffer, fused_buffer = buffer(config), buffer(config)
+    for i in range(2):
+        torch.manual_seed(i)
+        eager_state, eager_buffer, _ = eager(eager_state, eager_buffer, 0.4)
+        torch.manual_seed(i)
+        if i == 0:
+            with pytest.warns(UserWarning, match="not ahead-of-time compiled .*flat dict of tensors"):
+                fused_state, fused_buffer, metrics = fused(fused_state, fused_buffer, 0.4)
+        else:
+            fused_state, fused_buffer, metrics = fused(fused_state, fused_buffer, 0.4)
+        torch.testing.assert_close(fused_state.flatten_keys(".").to_dict(),
+                                   eager_state.flatten_keys(".").to_dict(), rtol=1e-5, atol=1e-6)
+    assert metrics["nested", "loss"].shape == ()

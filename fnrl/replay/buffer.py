@@ -6,6 +6,8 @@ memory layout.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,7 +254,8 @@ def _refresh(spec: ReplaySpec, storage, rows, tree, sampleable_count, row: torch
     sum_tree_set(tree, leaf, (rows["priority"][position] * new).flatten(), dedup=dedup)
 
 
-def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False) -> ReplayBuffer:
+def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False,
+        ahead_of_time: bool = False) -> ReplayBuffer:
     """Write a rollout [T, B] at the write cursor (wrapping around) and return the buffer.
 
     Every key but `next_obs` is stored (next_obs[t] == obs[t + 1] per env, so the bootstrap
@@ -262,15 +265,22 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False
     compiled: write and refresh the T + n rows that change with one `torch.compile`d graph
     (in place, W passed as a tensor so it compiles once per buffer shape and T) instead of
     ~25 eager tensor ops, once W >= n and C >= T + n (before that, and for frame-deduplicated
-    buffers, eagerly). Same buffer contents as eager.
+    buffers, eagerly). Same buffer contents as eager. ahead_of_time (with compiled): that graph
+    as an AOTInductor model (`fnrl.aot.AotFunction`, one per buffer and rollout structure),
+    which skips TorchDynamo's ~0.1 ms around each call; `torch.compile` where it cannot be built.
     """
     _check_rollout(buffer, rollout)
     spec, W = buffer.spec, buffer.steps_written
     C, (T, B) = spec.rows_per_env, rollout.batch_size
     data = rollout.exclude("next_obs").to(spec.device)
     if compiled and not spec.frame_dedup and W >= spec.n_step and C >= T + spec.n_step:
-        _compiled_write()(spec, buffer.storage, buffer.rows, buffer.tree, buffer.max_priority,
-                          buffer.sampleable_count, data, torch.tensor(W, device=spec.device))
+        args = (buffer.storage, buffer.rows, buffer.tree, buffer.max_priority, buffer.sampleable_count, data,
+                torch.tensor(W, device=spec.device))
+        write = _aot_write(spec, args) if ahead_of_time else None
+        if write is not None:
+            write(*args)
+        else:
+            _compiled_write()(spec, *args)
         return dataclasses.replace(buffer, steps_written=W + T)
     start = W % C
     if spec.frame_dedup:
@@ -319,6 +329,34 @@ def _compiled_write():
     if _COMPILED_WRITE is None:
         _COMPILED_WRITE = torch.compile(_write, fullgraph=True, dynamic=False)
     return _COMPILED_WRITE
+
+
+_AOT_WRITES: dict = {}   # id(storage) -> (weakref to storage, {rollout structure: model or None})
+
+
+def _aot_write(spec: ReplaySpec, args: tuple):
+    """`_write` for `args` as an AOTInductor model, one per storage and rollout structure (built on
+    first use and kept with the storage; None, after one warning, where it cannot be built).
+    The storage's structure is fixed when the buffer is made and every rollout's keys and shapes
+    are checked against it (`_check_rollout`), so the rollout's batch size and keys tell models apart."""
+    storage, data = args[0], args[5]
+    ref, models = _AOT_WRITES.get(id(storage), (None, None))
+    if ref is None or ref() is not storage:
+        for dead in [k for k, (r, _) in _AOT_WRITES.items() if r() is None]:
+            del _AOT_WRITES[dead]
+        models = {}
+        _AOT_WRITES[id(storage)] = (weakref.ref(storage), models)
+    key = (data.batch_size, tuple(data.keys(include_nested=True, leaves_only=True)))
+    if key not in models:
+        from fnrl import aot
+
+        try:
+            models[key] = aot.AotFunction(functools.partial(_write, spec), args)
+        except Exception as e:   # noqa: BLE001 - any trace / export / compile failure: torch.compile
+            warnings.warn(f"replay writes are not ahead-of-time compiled ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''}); using torch.compile", stacklevel=3)
+            models[key] = None
+    return models[key]
 
 
 def size(buffer: ReplayBuffer) -> int:

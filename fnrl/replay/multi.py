@@ -96,9 +96,9 @@ def init_sequence(example: TensorDictBase, capacity: int, *, num_rows: int, **op
 
 
 def add(buffers: MultiBuffer, rollout: TensorDictBase, priority: torch.Tensor | None = None, *,
-        compiled: bool = False) -> MultiBuffer:
-    """Add each row's env columns of `rollout` [T, R * B] to its own buffer (`compiled`: as in
-    `fnrl.replay.add`, for plain buffers).
+        compiled: bool = False, ahead_of_time: bool = False) -> MultiBuffer:
+    """Add each row's env columns of `rollout` [T, R * B] to its own buffer (`compiled`,
+    `ahead_of_time`: as in `fnrl.replay.add`, for plain buffers).
 
     priority (sequence buffers only): None, [R * B] or [T, R * B], the input priorities of
     `fnrl.replay.sequence.add`; row r gets its columns r*B .. (r+1)*B - 1.
@@ -110,7 +110,8 @@ def add(buffers: MultiBuffer, rollout: TensorDictBase, priority: torch.Tensor | 
     if buffers.kind is replay:
         if priority is not None:
             raise ValueError("input priorities are for sequence buffers (multi.init_sequence)")
-        return MultiBuffer(tuple(replay.add(buf, row_columns(rollout, r, B), compiled=compiled)
+        return MultiBuffer(tuple(replay.add(buf, row_columns(rollout, r, B), compiled=compiled,
+                                            ahead_of_time=ahead_of_time)
                                  for r, buf in enumerate(buffers.buffers)))
     return MultiBuffer(tuple(
         sequence.add(buf, row_columns(rollout, r, B), None if priority is None else priority[..., r * B:(r + 1) * B])
