@@ -9,8 +9,9 @@ the per-round ratios, so a change of the host's speed between rounds cancels):
    `fnrl.learner` step through `torch.compile` (sample -> update -> priorities as one graph,
    state donated, cpp_wrapper) + `replay.can_sample`, `ahead of time` = the same step as an
    AOTInductor model called with the flat leaves (`make_learner(..., ahead_of_time=True)`);
-2. (dqn only) whole `fnrl.train` runs with the fused learner through `torch.compile` and ahead of
-   time (the loop's default): env steps per second after learning starts (updates included).
+2. (dqn only) whole `fnrl.train` runs with the fused learner step and the replay writes
+   (`replay.add(compiled=True)`) through `torch.compile`, and both ahead of time (the loop's
+   default): env steps per second after learning starts (updates included).
 
 Settings: benchmarks/suite.py's CARTPOLE_DQN (CleanRL dqn.py: batch 128, 120x84, an update
 every 10 env steps) and HALFCHEETAH_SAC (batch 256, 256x256). Writes a markdown table to stdout.
@@ -97,16 +98,18 @@ def per_update(algo: str, rounds: int, calls: int) -> dict:
 
 
 def train_sps(ahead_of_time: bool, steps: int) -> float:
+    """Env steps/s of a DQN run with its learner step and replay writes ahead of time or not."""
     config = dataclasses.replace(algos.default_config("dqn"), **CARTPOLE_DQN)
     config = dataclasses.replace(config, total_steps=config.learning_starts + steps)
-    make = learner_mod.make_learner
+    make, add = learner_mod.make_learner, replay.add
     learner_mod.make_learner = functools.partial(_learner_with, make, ahead_of_time)
+    replay.add = functools.partial(_add_with, add, ahead_of_time)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             result = train_mod.train("dqn", config, seed=1, log_dir=Path(tmp) / "run", compile=True, quiet=True,
                                      tensorboard=False, plot=False, threads=1, log_interval=1_000)
     finally:
-        learner_mod.make_learner = make
+        learner_mod.make_learner, replay.add = make, add
     rows = result.history
     start = next(r for r in rows if r["env_steps"] >= config.learning_starts + 2_000)
     return (rows[-1]["env_steps"] - start["env_steps"]) / (rows[-1]["wall_s"] - start["wall_s"])
@@ -114,6 +117,10 @@ def train_sps(ahead_of_time: bool, steps: int) -> float:
 
 def _learner_with(make, aot_step: bool, *args, **kwargs):
     return make(*args, **{**kwargs, "ahead_of_time": aot_step and kwargs.get("fused", False)})
+
+
+def _add_with(add, aot_write: bool, *args, **kwargs):
+    return add(*args, **{**kwargs, "ahead_of_time": aot_write})
 
 
 def main() -> None:
@@ -142,8 +149,8 @@ def main() -> None:
             for ahead in (False, True):
                 sps[ahead].append(train_sps(ahead, args.train_steps))
         ratios = [a / c for c, a in zip(sps[False], sps[True])]
-        print("\n| DQN CartPole `fnrl.train` (CleanRL settings) | fused, torch.compile SPS | fused, ahead of time SPS "
-              "| ahead of time / torch.compile |")
+        print("\n| DQN CartPole `fnrl.train` (CleanRL settings) | learner + replay writes torch.compile SPS | "
+              "ahead of time SPS | ahead of time / torch.compile |")
         print("|---|---|---|---|")
         for i, (c, a) in enumerate(zip(sps[False], sps[True])):
             print(f"| round {i + 1} | {c:,.0f} | {a:,.0f} | {a / c:.2f}x |")

@@ -18,7 +18,8 @@ Columns (ms per iteration): `act` (policy forward + sampling), `raw env` (EnvPoo
 step; for the alternating sampler, the time spent waiting in `recv`), `sampler + adaptor`
 (the rest of the collect: actions to numpy, flags and episode statistics, the writes into
 the rollout buffer), `update`, `rest` (the loop around them), and the SPS that results.
-`raw EnvPool` is 128 random-action steps of the same envs (the ceiling).
+`raw` is 128 random-action steps of the same envs (the ceiling): EnvPool at 64 envs, the
+in-process gymnasium batch that `fnrl.envs.make` picks for up to 4 classic-control envs.
 
     python benchmarks/ppo_breakdown.py [--iterations 10] [--threads 1] [--out FILE]
 """
@@ -177,7 +178,8 @@ def measure(num_envs: int, iterations: int) -> tuple[dict, float]:
 
 def table(num_envs: int, rows: dict, raw_ms: float) -> list[str]:
     cols = ["act", "raw env", "sampler + adaptor", "update", "rest", "total"]
-    out = [f"### {num_envs} envs x 128 steps (raw EnvPool, 128 random-action steps: {raw_ms:.1f} ms, "
+    kind = "in-process gymnasium" if envs.steps_in_process("CartPole-v1", num_envs, {}) else "EnvPool"
+    out = [f"### {num_envs} envs x 128 steps (raw {kind}, 128 random-action steps: {raw_ms:.1f} ms, "
            f"{num_envs * 128 / raw_ms * 1e3:,.0f} SPS)", "",
            "| variant | " + " | ".join(cols) + " | SPS | collect / raw |", "|---" * (len(cols) + 3) + "|"]
     for name, r in rows.items():

@@ -107,6 +107,14 @@ def compile_package(program: torch.export.ExportedProgram, options: dict) -> str
     return str(path)
 
 
+def warn_fallback(subject: str, error: Exception, stacklevel: int = 3) -> None:
+    """One warning that `subject` ("acting is", ...) runs through torch.compile instead, naming
+    the error that stopped its ahead-of-time build (its first line)."""
+    first = str(error).splitlines()[0][:200] if str(error) else ""
+    warnings.warn(f"{subject} not ahead-of-time compiled ({type(error).__name__}: {first}); using torch.compile",
+                  stacklevel=stacklevel)
+
+
 class _Traced(torch.nn.Module):
     """An fx graph (of `make_fx`) as a module, for torch.export."""
 
@@ -266,8 +274,7 @@ class AotAct:
             # hashing fails on a state tensor captured as a constant (one that escaped a vmap): not servable
             path = compile_package(program, self.options)
         except Exception as e:   # noqa: BLE001 - any export or compile failure means: act the usual way
-            warnings.warn(f"acting is not ahead-of-time compiled ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200]}); using torch.compile", stacklevel=3)
+            warn_fallback("acting is", e, stacklevel=4)
             self.failed = True
             return
         runner = torch._inductor.aoti_load_package(path)

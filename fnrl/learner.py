@@ -46,7 +46,6 @@ from __future__ import annotations
 from typing import Callable
 
 import functools
-import warnings
 
 import torch
 
@@ -109,9 +108,7 @@ def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: 
                     model = aot.AotFunction(functools.partial(step, spec=buffer.spec),
                                             _parts(state, buffer, beta_tensor), {"fallback_random": True})
                 except Exception as e:   # noqa: BLE001 - any trace / export / compile failure: torch.compile
-                    warnings.warn(f"the learner step is not ahead-of-time compiled ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:200] if str(e) else ''}); using torch.compile",
-                                  stacklevel=2)
+                    aot.warn_fallback("the learner step is", e)
                     ahead_of_time = False
             if ahead_of_time:
                 return state, buffer, model(*_parts(state, buffer, beta_tensor))

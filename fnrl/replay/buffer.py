@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,8 +352,7 @@ def _aot_write(spec: ReplaySpec, args: tuple):
         try:
             models[key] = aot.AotFunction(functools.partial(_write, spec), args)
         except Exception as e:   # noqa: BLE001 - any trace / export / compile failure: torch.compile
-            warnings.warn(f"replay writes are not ahead-of-time compiled ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200] if str(e) else ''}); using torch.compile", stacklevel=3)
+            aot.warn_fallback("replay writes are", e, stacklevel=4)
             models[key] = None
     return models[key]
 

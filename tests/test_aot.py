@@ -1,0 +1,46 @@
+"""fnrl.aot.AotFunction: a function of tensors and TensorDicts, with a gradient inside and
+in-place writes into its inputs, as one AOTInductor model that gives eager's results."""
+import pytest
+import torch
+from tensordict import TensorDict
+
+from fnrl import aot
+
+
+def sgd_step(state: TensorDict, x: torch.Tensor, lr: torch.Tensor):
+    """One SGD step on a least-squares loss, written into `state` in place; returns metrics."""
+    def loss_fn(params):
+        return ((x @ params["w"] + params["b"]) ** 2).mean()
+
+    grads, loss = torch.func.grad_and_value(loss_fn)(state["params"].to_dict())
+    state["params"].update_({k: state["params", k] - lr * g for k, g in grads.items()})
+    state["steps"].add_(1)
+    return {"loss": loss, "w_norm": state["params", "w"].norm()}
+
+
+def fresh_state() -> TensorDict:
+    g = torch.Generator().manual_seed(0)
+    return TensorDict({"params": {"w": torch.randn(3, 2, generator=g), "b": torch.zeros(2)},
+                       "steps": torch.zeros((), dtype=torch.int64)}, batch_size=[])
+
+
+def test_aot_function_equals_eager_and_writes_its_inputs_in_place():
+    x, lr = torch.randn(5, 3, generator=torch.Generator().manual_seed(1)), torch.tensor(0.1)
+    eager_state, aot_state = fresh_state(), fresh_state()
+    w_tensor = aot_state["params", "w"]
+    model = aot.AotFunction(sgd_step, (aot_state, x, lr))
+    for step in range(3):
+        expected = sgd_step(eager_state, x, lr)
+        got = model(aot_state, x, lr)
+        assert isinstance(got, TensorDict) and set(got.keys()) == {"loss", "w_norm"}
+        torch.testing.assert_close(got.to_dict(), expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(aot_state.to_dict(), eager_state.to_dict(), rtol=1e-6, atol=1e-6)
+    assert aot_state["params", "w"] is w_tensor and int(aot_state["steps"]) == 3   # written in place
+
+
+def test_aot_function_refuses_inputs_that_share_memory_and_non_tensor_args():
+    state = fresh_state()
+    with pytest.raises(ValueError, match="share memory"):
+        aot.AotFunction(sgd_step, (state, state["params", "w"].T, torch.tensor(0.1)))
+    with pytest.raises(TypeError, match="tensors and TensorDicts"):
+        aot.AotFunction(sgd_step, (state, torch.zeros(5, 3), 0.1))
