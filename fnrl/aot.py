@@ -216,6 +216,16 @@ class AotFunction:
         return TensorDict(dict(zip(self.out_keys, values)), batch_size=[])
 
 
+def function_or_none(subject: str, fn: Callable, args: tuple, options: dict | None = None) -> AotFunction | None:
+    """`AotFunction(fn, args, options)`, or None after one `warn_fallback(subject, ...)` where it
+    cannot be built (any trace, export or compile failure): the caller then uses torch.compile."""
+    try:
+        return AotFunction(fn, args, options)
+    except Exception as e:   # noqa: BLE001 - whatever stops the build means: the torch.compile path
+        warn_fallback(subject, e, stacklevel=4)
+        return None
+
+
 def leaf_reader(key) -> Callable[[TensorDict], torch.Tensor]:
     """`td -> td.get(key)` through the TensorDicts' own dicts (~0.3 us instead of ~6 us a call);
     `get` where a level is not a plain TensorDict."""

@@ -33,8 +33,7 @@ ahead_of_time=True (the loop's choice where `fnrl.aot.ENABLED`): the same step, 
 (`fnrl.aot.compile_traced`, cached on disk), then called with the ~40 tensor leaves of the
 state and the buffer as a flat list. That skips TorchDynamo's frame hook, guard lookup and
 AOTAutograd's wrappers around the graph: per DQN update (CleanRL's CartPole settings, 1 core)
-~540 -> ~360 us; the SAC and TD3 updates, arithmetic-bound, run as fast either way
-(`benchmarks/learner_step.md`). A step that cannot be traced this way runs through
+~540 -> ~380 us; the arithmetic-bound SAC update 1.05x (`benchmarks/learner_step.md`). A step that cannot be traced this way runs through
 `torch.compile`, after one warning.
 
 fused=False: `replay.sample` (compiled as its own graph when `sample_options` say so), then
@@ -43,9 +42,8 @@ via `fnrl.replay.multi`, frame-deduplicated Atari stacks) and eager runs.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import functools
+from typing import Callable
 
 import torch
 
@@ -104,12 +102,9 @@ def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: 
         beta_tensor.fill_(beta)
         if ahead_of_time:
             if model is None:
-                try:
-                    model = aot.AotFunction(functools.partial(step, spec=buffer.spec),
-                                            _parts(state, buffer, beta_tensor), {"fallback_random": True})
-                except Exception as e:   # noqa: BLE001 - any trace / export / compile failure: torch.compile
-                    aot.warn_fallback("the learner step is", e)
-                    ahead_of_time = False
+                model = aot.function_or_none("the learner step is", functools.partial(step, spec=buffer.spec),
+                                             _parts(state, buffer, beta_tensor), {"fallback_random": True})
+                ahead_of_time = model is not None
             if ahead_of_time:
                 return state, buffer, model(*_parts(state, buffer, beta_tensor))
         metrics = compiled(*_parts(state, buffer, beta_tensor), spec=buffer.spec)

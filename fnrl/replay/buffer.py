@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from fnrl import aot
 from fnrl.checks import check_bool, check_float, check_shape
 from fnrl.replay.frames import stack_source_rows, stack_starts
 from fnrl.replay.sum_tree import sum_tree_get, sum_tree_init, sum_tree_sample, sum_tree_set
@@ -347,13 +348,7 @@ def _aot_write(spec: ReplaySpec, args: tuple):
         _AOT_WRITES[id(storage)] = (weakref.ref(storage), models)
     key = (data.batch_size, tuple(data.keys(include_nested=True, leaves_only=True)))
     if key not in models:
-        from fnrl import aot
-
-        try:
-            models[key] = aot.AotFunction(functools.partial(_write, spec), args)
-        except Exception as e:   # noqa: BLE001 - any trace / export / compile failure: torch.compile
-            aot.warn_fallback("replay writes are", e, stacklevel=4)
-            models[key] = None
+        models[key] = aot.function_or_none("replay writes are", functools.partial(_write, spec), args)
     return models[key]
 
 
