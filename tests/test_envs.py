@@ -1,3 +1,5 @@
+import itertools
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -111,7 +113,8 @@ STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end"
 
 @pytest.mark.parametrize("atari", [False, True])
 def test_finish_steps_equals_step_by_step_bookkeeping(atari):
-    """`finish_steps` on [T, B] arrays (in chunks, carrying episodes across them) writes what
+    """`finish_steps` on [T, B] arrays (in chunks, carrying episodes across them, some
+    without an episode end) writes what
     T per-step `_wrap` calls return: flags, valid, episode ends and lengths exactly, returns
     to float64 rounding (sums of float32 rewards: equal here), with Atari's raw score and
     game-over flag."""
@@ -126,9 +129,16 @@ def test_finish_steps_equals_step_by_step_bookkeeping(atari):
                            {"reward": score[t], "terminated": lives_over[t]}) for t in range(T)]
     out = {k: np.zeros((T, B), dtype=rows[0][k].dtype) for k in STEP_KEYS}
     out["reward"][:], out["terminated"][:], out["truncated"][:] = reward, terminated, truncated
-    for lo in range(0, T, 37):
-        chunk = {k: v[lo:lo + 37] for k, v in out.items()}
-        bulk.finish_steps(chunk, score[lo:lo + 37], lives_over[lo:lo + 37]) if atari else bulk.finish_steps(chunk)
+    lo, quiet_chunks = 0, 0
+    for size in itertools.cycle((37, 1, 3, 1, 2, 11)):   # short chunks without an episode end too
+        hi = min(lo + size, T)
+        chunk = {k: v[lo:hi] for k, v in out.items()}
+        quiet_chunks += not (terminated[lo:hi] | truncated[lo:hi]).any()   # no done, so no episode end
+        bulk.finish_steps(chunk, score[lo:hi], lives_over[lo:hi]) if atari else bulk.finish_steps(chunk)
+        if hi == T:
+            break
+        lo = hi
+    assert quiet_chunks >= 5
     for k in STEP_KEYS:
         expected = np.stack([r[k] for r in rows])
         if k == "episode_return":

@@ -46,6 +46,37 @@ def test_conv_torso_under_vmap_equals_each_network_alone():
     torch.testing.assert_close(out.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_linear_computes_few_rows_elementwise_when_compiling():
+    """`Linear` traced as torch.compile traces it: a product of at most FEW_ROWS rows and
+    FEW_ROWS_MACS multiply-adds (an acting step of a few envs) has no matrix product, with
+    F.linear's values; more rows or a wider layer keep the GEMM; eager mode is F.linear."""
+    from torch._export.utils import _compiling_state_context
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fnrl.nets import Linear
+    from fnrl.nets.core import FEW_ROWS, FEW_ROWS_MACS
+
+    torch.manual_seed(0)
+
+    def traced_ops(layer, x):
+        with _compiling_state_context():
+            graph = make_fx(layer)(x)
+        ops = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
+        return graph(x), any("mm" in op for op in ops)
+
+    for rows, width, gemm in [(1, 120, False), (FEW_ROWS, 64, False), (FEW_ROWS + 1, 64, True),
+                              (1, 512, True)]:
+        layer = Linear(width, width)
+        assert (rows * width * width > FEW_ROWS_MACS) == (width == 512)
+        x = torch.randn(rows, width)
+        got, has_mm = traced_ops(layer, x)
+        assert has_mm == gemm, (rows, width)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    x = torch.randn(2, 3, 16)   # rows are every leading dimension
+    assert not traced_ops(Linear(16, 4), x)[1] and traced_ops(Linear(16, 4), torch.randn(3, 3, 16))[1]
+    assert torch.equal(layer(x := torch.randn(1, 512)), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
 def test_narrow_linear_compiled_equals_linear_in_value_and_gradients():
     """`NarrowLinear` heads (elementwise under torch.compile) give nn.Linear's outputs and
     gradients, with nn.Linear's parameters and state dict, also under vmap (seeds)."""

@@ -241,11 +241,18 @@ class BatchedEnv:
         else:
             end[...] = done
             score = steps["reward"]
+        increment = np.where(valid, score.astype(np.float64, copy=False), 0.0)
+        if not end.any():   # most calls: no episode ends, the sums carry on (~4x cheaper than below)
+            increment[0] += self._ep_return
+            self._ep_return = np.cumsum(increment, axis=0)[-1]
+            self._ep_length = self._ep_length + np.count_nonzero(valid, axis=0)
+            steps["episode_return"].fill(0)
+            steps["episode_length"].fill(0)
+            return
         T = len(done)
         # the last episode end strictly before t (-1: none in these T steps)
         last_end = np.maximum.accumulate(np.where(end, np.arange(T)[:, None], -1), axis=0)
         before = np.concatenate([np.full((1, end.shape[1]), -1), last_end[:-1]])
-        increment = np.where(valid, score.astype(np.float64, copy=False), 0.0)
         self._ep_return = self._running(increment, self._ep_return, end, before, steps["episode_return"])
         self._ep_length = self._running(valid.astype(np.int64), self._ep_length, end, before,
                                         steps["episode_length"])
@@ -255,7 +262,7 @@ class BatchedEnv:
         """Write the running sums that end on `end` steps into `out`; return the sums carried on."""
         increment[0] += start
         total = np.cumsum(increment, axis=0)
-        base = np.take_along_axis(total, np.maximum(before, 0), axis=0) * (before >= 0)
+        base = total[np.maximum(before, 0), np.arange(total.shape[1])] * (before >= 0)
         running = total - base
         np.copyto(out, np.where(end, running, 0))
         return np.where(end[-1], 0, running[-1])

@@ -10,6 +10,7 @@ resets inside the unroll: see fnrl.nets.recurrent.
 from fnrl.nets.core import (
     A3CConv,
     ActorCritic,
+    Linear,
     NarrowLinear,
     NatureCNN,
     RecurrentActorCritic,
@@ -21,5 +22,5 @@ from fnrl.nets.core import (
 )
 from fnrl.nets.recurrent import GRUCore, LSTMCore, make_core, reset_carry, step, unroll
 
-__all__ = ["A3CConv", "ActorCritic", "NarrowLinear", "NatureCNN", "RecurrentActorCritic", "call", "encoder", "layer_init", "mlp", "parameters",
+__all__ = ["A3CConv", "ActorCritic", "Linear", "NarrowLinear", "NatureCNN", "RecurrentActorCritic", "call", "encoder", "layer_init", "mlp", "parameters",
            "LSTMCore", "GRUCore", "make_core", "reset_carry", "step", "unroll"]

@@ -30,14 +30,52 @@ class Tanh(nn.Module):
 
 _ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
 
+FEW_ROWS = 8
+"""Row count up to which `Linear` may compute its product elementwise under torch.compile."""
+
+FEW_ROWS_MACS = 65_536
+"""Multiply-adds (rows x in x out) up to which a `Linear` with at most FEW_ROWS rows does."""
+
 NARROW_OUT = 8
 """Output width up to which `NarrowLinear` computes its product elementwise under torch.compile."""
 
 
-class NarrowLinear(nn.Linear):
-    """`nn.Linear` (same parameters, same state dict) for a head with few outputs, which under
-    torch.compile runs as a broadcast product summed over the inputs when it has at most
-    NARROW_OUT outputs:
+def _elementwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b as a broadcast product summed over the inputs: y[..., j] = sum_k x[..., k] W[j, k] + b[j]."""
+    y = (x.unsqueeze(-2) * weight).sum(-1)
+    return y if bias is None else y + bias
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, same state dict) that under torch.compile computes a
+    product of at most FEW_ROWS rows and FEW_ROWS_MACS multiply-adds elementwise:
+
+        y[..., j] = sum_k x[..., k] W[j, k] + b[j]        x [..., K] (rows = x.numel() / K), W [J, K]
+
+    That is the acting step of one to a few envs (the sampler's call of a compiled `act` on
+    1-8 observations). Inductor fuses the sum with the activation around it into one loop,
+    where a GEMM of a few rows is a library call whose dispatch costs more than its
+    multiply-adds and whose code evicts the interpreter's from the caches between env steps.
+    Acting ahead of time (`benchmarks/few_rows.md`, 2-core CPU): DQN's 1-env 4-120-84-2
+    Q-network 12.6 instead of 19.1 us a call, SAC's 1-env 17-256-256-12 actor 23.1 instead of
+    40.5, PPO's 4-env 64-64 policy 20.9 instead of 32.9; the training loops of DQN (1 env) and
+    PPO (4 envs) with CleanRL's CartPole settings 1.10x faster per env step. Updates (batches
+    of 32 and more rows) and eager mode use `F.linear`.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and self._elementwise(x):
+            return _elementwise_linear(x, self.weight, self.bias)
+        return super().forward(x)
+
+    def _elementwise(self, x: torch.Tensor) -> bool:
+        rows = x.numel() // max(self.in_features, 1)
+        return rows <= FEW_ROWS and rows * self.in_features * self.out_features <= FEW_ROWS_MACS
+
+
+class NarrowLinear(Linear):
+    """`Linear` for a head with few outputs, which under torch.compile runs as a broadcast
+    product summed over the inputs whenever it has at most NARROW_OUT outputs, at any row count:
 
         y[..., j] = sum_k x[..., k] W[j, k] + b[j]        x [..., K], W [J, K], J <= NARROW_OUT
 
@@ -46,15 +84,12 @@ class NarrowLinear(nn.Linear):
     moves the whole [N, K] input for a few multiply-adds per row. The vector-observation
     actor-critic's policy and value heads use it: PPO CartPole's compiled update runs
     1.05-1.11x faster with 128- to 2048-row minibatches, vmapped seeds too, while the ReLU
-    heads of DQN and TD3 (batch 128 / 256) ran 0.96x with it and keep `nn.Linear`
+    heads of DQN and TD3 (batch 128 / 256) ran 0.96x with it and keep `Linear`
     (`benchmarks/narrow_heads.md`). Wider layers, and eager mode, use `F.linear`.
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.out_features <= NARROW_OUT and torch.compiler.is_compiling():
-            y = (x.unsqueeze(-2) * self.weight).sum(-1)
-            return y if self.bias is None else y + self.bias
-        return super().forward(x)
+    def _elementwise(self, x: torch.Tensor) -> bool:
+        return self.out_features <= NARROW_OUT or super()._elementwise(x)
 
 
 def parameters(module: nn.Module) -> TensorDict:
@@ -107,13 +142,13 @@ def layer_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) 
 
 
 def mlp(in_dim: int, out_dim: int | None, hidden=(64, 64), activation: str = "tanh",
-        out_gain: float = 1.0, head: type[nn.Linear] = nn.Linear) -> nn.Sequential:
-    """Linear-activation stack with orthogonal init; `out_dim=None` ends on the last hidden layer.
+        out_gain: float = 1.0, head: type[nn.Linear] = Linear) -> nn.Sequential:
+    """`Linear`-activation stack with orthogonal init; `out_dim=None` ends on the last hidden layer.
     `head`: the output layer's class (`NarrowLinear` for the actor-critic's heads)."""
     act = _ACTIVATIONS[activation]
     layers, d = [], in_dim
     for h in hidden:
-        layers += [layer_init(nn.Linear(d, h)), act()]
+        layers += [layer_init(Linear(d, h)), act()]
         d = h
     if out_dim is not None:
         layers.append(layer_init(head(d, out_dim), out_gain))
@@ -206,8 +241,8 @@ class ActorCritic(nn.Module):
             self.critic = mlp(d, 1, hidden, activation, out_gain=1.0, head=NarrowLinear)
         else:
             self.torso, d = image
-            self.actor = layer_init(nn.Linear(d, action_dim), 0.01)
-            self.critic = layer_init(nn.Linear(d, 1), 1.0)
+            self.actor = layer_init(Linear(d, action_dim), 0.01)
+            self.critic = layer_init(Linear(d, 1), 1.0)
         self.continuous = continuous
         if continuous:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
@@ -249,8 +284,8 @@ class RecurrentActorCritic(nn.Module):
         else:
             self.torso, d = image
             self.core = make_core(core, d, core_size)
-        self.actor = layer_init(nn.Linear(core_size, action_dim), 0.01)
-        self.critic = layer_init(nn.Linear(core_size, 1), 1.0)
+        self.actor = layer_init(Linear(core_size, action_dim), 0.01)
+        self.critic = layer_init(Linear(core_size, 1), 1.0)
         self.continuous = continuous
         if continuous:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))

@@ -25,7 +25,7 @@ import math
 import torch
 from torch import nn
 
-from fnrl.nets.core import encoder, layer_init, mlp
+from fnrl.nets.core import Linear, encoder, layer_init, mlp
 
 __all__ = ["QNetwork", "cosine_embedding", "scale_gradient"]
 
@@ -75,11 +75,11 @@ class QNetwork(nn.Module):
         self.head, self.num_actions, self.num_outputs = head, num_actions, num_outputs
         self.dueling, self.cosine_dim = dueling, cosine_dim
         if head == "iqn":
-            self.tau_embedding = nn.Sequential(layer_init(nn.Linear(cosine_dim, width)), nn.ReLU())
-            self.post = nn.Sequential(layer_init(nn.Linear(width, width)), nn.ReLU())
-        self.out = layer_init(nn.Linear(width, num_actions * num_outputs), 1.0)
+            self.tau_embedding = nn.Sequential(layer_init(Linear(cosine_dim, width)), nn.ReLU())
+            self.post = nn.Sequential(layer_init(Linear(width, width)), nn.ReLU())
+        self.out = layer_init(Linear(width, num_actions * num_outputs), 1.0)
         if dueling:
-            self.value = layer_init(nn.Linear(width, num_outputs), 1.0)
+            self.value = layer_init(Linear(width, num_outputs), 1.0)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """Features [*, D] -> [*, A, K]."""
