@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from tensordict import TensorDict
@@ -54,6 +54,7 @@ from tensordict import TensorDict
 from fnrl import aot, envs
 from fnrl.algos.common import Agent
 from fnrl.errors import ConfigError
+from fnrl.nets.core import vmapped_rows
 
 ALIASES = {"lr": "learning_rate"}
 """Short names accepted by `--sweep` (`lr=1e-4,3e-4` is `learning_rate=1e-4,3e-4`)."""
@@ -202,7 +203,7 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
     randomness = {"fallback_random": True} if off_policy else {}
     eager_act_rows = act_rows
     if compile:
-        act_rows = torch.compile(act_rows, fullgraph=True, dynamic=False, options=randomness or None)
+        act_rows = _tracing_rows(R, torch.compile(act_rows, fullgraph=True, dynamic=False, options=randomness or None))
 
     act_keys = getattr(module, "ACT_KEYS", None)
 
@@ -212,7 +213,7 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         return act_rows(state, obs, carry if recurrent else None, explore)
 
     if compile and not recurrent and aot.ENABLED:   # the sampler's calls ahead of time (fnrl.aot)
-        act = aot.AotAct(eager_act_rows, act_keys, act, randomness)
+        act = aot.AotAct(_tracing_rows(R, eager_act_rows), act_keys, act, randomness)
 
     def update(state, rollout):
         if off_policy:  # a replay sample per row: [R, N]
@@ -221,6 +222,16 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         return update_rows(state, rollout.reshape(T, R, B).transpose(0, 1))
 
     return Agent(init=init, act=act, update=update)
+
+
+def _tracing_rows(R: int, act_rows: Callable) -> Callable:
+    """`act_rows`, traced (where it is compiled) with `fnrl.nets.core.vmapped_rows(R)`: a vmapped
+    policy of B envs multiplies R x B rows, and only up to FEW_ROWS of them pay elementwise."""
+    def act(*args):
+        with vmapped_rows(R):
+            return act_rows(*args)
+
+    return act
 
 
 def sequence_input(module, rows: list[Row], rollout):

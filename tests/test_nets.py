@@ -49,12 +49,13 @@ def test_conv_torso_under_vmap_equals_each_network_alone():
 def test_linear_computes_few_rows_elementwise_when_compiling():
     """`Linear` traced as torch.compile traces it: a product of at most FEW_ROWS rows and
     FEW_ROWS_MACS multiply-adds (an acting step of a few envs) has no matrix product, with
-    F.linear's values; more rows or a wider layer keep the GEMM; eager mode is F.linear."""
+    F.linear's values; more rows or a wider layer keep the GEMM, and so do few rows of a
+    network vmapped over many (`vmapped_rows`); eager mode is F.linear."""
     from torch._export.utils import _compiling_state_context
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from fnrl.nets import Linear
-    from fnrl.nets.core import FEW_ROWS, FEW_ROWS_MACS
+    from fnrl.nets.core import FEW_ROWS, FEW_ROWS_MACS, vmapped_rows
 
     torch.manual_seed(0)
 
@@ -75,6 +76,9 @@ def test_linear_computes_few_rows_elementwise_when_compiling():
     x = torch.randn(2, 3, 16)   # rows are every leading dimension
     assert not traced_ops(Linear(16, 4), x)[1] and traced_ops(Linear(16, 4), torch.randn(3, 3, 16))[1]
     assert torch.equal(layer(x := torch.randn(1, 512)), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    with vmapped_rows(FEW_ROWS):   # a vmap over FEW_ROWS rows: 2 rows seen are 2 x FEW_ROWS multiplied
+        assert traced_ops(Linear(16, 16), torch.randn(2, 16))[1]
+    assert not traced_ops(Linear(16, 16), torch.randn(2, 16))[1]
 
 
 def test_narrow_linear_compiled_equals_linear_in_value_and_gradients():

@@ -1,6 +1,7 @@
 """Torsos (MLP, Nature CNN, A3C conv) and the actor-critic network."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -36,6 +37,20 @@ FEW_ROWS = 8
 FEW_ROWS_MACS = 65_536
 """Multiply-adds (rows x in x out) up to which a `Linear` with at most FEW_ROWS rows does."""
 
+_VMAPPED_ROWS = 1   # set by `vmapped_rows`: each row a Linear sees stands for this many
+
+
+@contextlib.contextmanager
+def vmapped_rows(n: int):
+    """While tracing a network vmapped over n rows (`torch.func.vmap` hides that axis), `Linear`
+    counts each row it sees n times, so FEW_ROWS counts the rows actually multiplied."""
+    global _VMAPPED_ROWS
+    before, _VMAPPED_ROWS = _VMAPPED_ROWS, _VMAPPED_ROWS * n
+    try:
+        yield
+    finally:
+        _VMAPPED_ROWS = before
+
 NARROW_OUT = 8
 """Output width up to which `NarrowLinear` computes its product elementwise under torch.compile."""
 
@@ -69,7 +84,7 @@ class Linear(nn.Linear):
         return super().forward(x)
 
     def _elementwise(self, x: torch.Tensor) -> bool:
-        rows = x.numel() // max(self.in_features, 1)
+        rows = x.numel() // max(self.in_features, 1) * _VMAPPED_ROWS
         return rows <= FEW_ROWS and rows * self.in_features * self.out_features <= FEW_ROWS_MACS
 
 
