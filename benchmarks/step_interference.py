@@ -37,6 +37,7 @@ OUTPUT = Path(__file__).with_suffix(".md")
 T = 128
 
 
+@torch.no_grad()   # as the samplers' collects call Lane.act
 def measure(num_envs: int, rounds: int) -> list[str]:
     config = ppo.Config(**{**SETTINGS, "num_envs": num_envs})
     env = envs.make("CartPole-v1", num_envs, seed=0)

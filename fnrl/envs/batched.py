@@ -167,7 +167,9 @@ class BatchedEnv:
         return _obs_to_torch(self.obs_array(obs), [self.num_envs])
 
     def _np_action(self, action: torch.Tensor) -> np.ndarray:
-        return action.detach().cpu().numpy().astype(self._np_action_dtype, copy=False)
+        if action.device.type != "cpu" or action.requires_grad:
+            action = action.detach().cpu()
+        return action.numpy().astype(self._np_action_dtype, copy=False)
 
     def step(self, action: torch.Tensor) -> dict:
         """One step of all envs: a dict of [B]-leading tensors (keys in the module docstring)."""

@@ -338,7 +338,7 @@ def _aot_write(spec: ReplaySpec, args: tuple):
     """`_write` for `args` as an AOTInductor model, one per storage and rollout structure (built on
     first use and kept with the storage; None, after one warning, where it cannot be built).
     The storage's structure is fixed when the buffer is made and every rollout's keys and shapes
-    are checked against it (`_check_rollout`), so the rollout's batch size and keys tell models apart."""
+    are checked against it (`_check_rollout`), so the rollout's batch size tells models apart."""
     storage, data = args[0], args[5]
     ref, models = _AOT_WRITES.get(id(storage), (None, None))
     if ref is None or ref() is not storage:
@@ -346,7 +346,7 @@ def _aot_write(spec: ReplaySpec, args: tuple):
             del _AOT_WRITES[dead]
         models = {}
         _AOT_WRITES[id(storage)] = (weakref.ref(storage), models)
-    key = (data.batch_size, tuple(data.keys(include_nested=True, leaves_only=True)))
+    key = tuple(data.batch_size)
     if key not in models:
         models[key] = aot.function_or_none("replay writes are", functools.partial(_write, spec), args)
     return models[key]

@@ -132,12 +132,15 @@ class Lane:
     def begin(self) -> None:
         """Start a collect: obs[0] is the last observation of the previous one."""
         if self._collected:
-            self._obs_buf[0] = self._obs_buf[-1]
-            self._obs = self._obs_buf[0]
+            if self._np_obs is not None:   # numpy's copy of a CPU row: a fraction of torch's indexing
+                self._np_obs[0] = self._np_obs[-1]
+            else:
+                self._obs_buf[0] = self._obs_buf[-1]
+            self._obs = self._obs_rows[0]
 
-    @torch.no_grad()
     def act(self, state, explore: bool = True):
-        """The policy's action for the current observation (the step's extras are kept until `record`)."""
+        """The policy's action for the current observation (the step's extras are kept until `record`).
+        Called under `torch.no_grad()` (the samplers' collects)."""
         reset, carry = self._reset, self.carry
         if carry is not None:
             carry = carry.clone(recurse=False)
