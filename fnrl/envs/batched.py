@@ -244,7 +244,7 @@ class BatchedEnv:
             end[...] = done
             score = steps["reward"]
         increment = np.where(valid, score.astype(np.float64, copy=False), 0.0)
-        if not end.any():   # most calls: no episode ends, the sums carry on (~4x cheaper than below)
+        if not end.any():   # most calls: no episode ends, the sums carry on (~2x cheaper than below)
             increment[0] += self._ep_return
             self._ep_return = np.cumsum(increment, axis=0)[-1]
             self._ep_length = self._ep_length + np.count_nonzero(valid, axis=0)

@@ -51,6 +51,7 @@ def vmapped_rows(n: int):
     finally:
         _VMAPPED_ROWS = before
 
+
 NARROW_OUT = 8
 """Output width up to which `NarrowLinear` computes its product elementwise under torch.compile."""
 
