@@ -78,6 +78,15 @@ CARTPOLE_DQN = dict(env_id="CartPole-v1", num_envs=1, num_steps=10, buffer_size=
                     hidden=(120, 84), activation="relu")
 """CleanRL dqn.py's settings: one env, an update every 10 steps (PEERS.md: SB3 2.6k, CleanRL 3.6k SPS)."""
 
+PONG_DQN = dict(env_id="Pong-v5", num_envs=1, num_steps=4, buffer_size=100_000, batch_size=32, learning_starts=5_000,
+                replay_ratio=0.25, n_step=1, gamma=0.99, optimizer="adam", learning_rate=1e-4, optimizer_eps=1e-8,
+                max_grad_norm=0.0, huber_delta=0.0, target_update_interval=250, tau=1.0, eps_init=1.0,
+                eps_final=0.01, eps_steps=5_001, conv="nature")
+"""CleanRL dqn_atari.py's settings (1 env, an update of 32 every 4 steps, lr 1e-4, MSE loss, Nature CNN, target
+copy every 1000 env steps) with a 100k replay and 5k random steps instead of 1M and 80k, and epsilon at its final
+0.01 from the first update, so that the measured half of a short run acts as a long run's does (SB3 skips the
+Q-network on exploring steps)."""
+
 HALFCHEETAH_SAC = dict(env_id="HalfCheetah-v4", num_envs=1, num_steps=1, buffer_size=1_000_000, batch_size=256,
                        learning_starts=2_000, replay_ratio=1.0, gamma=0.99, tau=0.005, hidden=(256, 256),
                        actor_lr=3e-4, critic_lr=1e-3, alpha_lr=1e-3, autotune=True)
@@ -97,6 +106,9 @@ WORKLOADS = [
     Workload("dqn-cartpole", "dqn", dict(CARTPOLE_DQN, total_steps=100_000), 100_000, 20_000, "dqn_cartpole",
              "CleanRL dqn.py settings, 1 env (stepped in-process, as SB3 steps its own), batch 128, an update "
              "every 10 steps"),
+    Workload("dqn-pong", "dqn", dict(PONG_DQN, total_steps=15_000), 15_000, None, "dqn_pong",
+             "CleanRL dqn_atari.py settings with a 100k replay and 5k random steps, 1 env on EnvPool (SB3: "
+             "PongNoFrameskip-v4 with its Atari wrappers and 4 stacked frames), an update of 32 every 4 steps"),
     Workload("sac-halfcheetah", "sac", dict(HALFCHEETAH_SAC, total_steps=8_000), 8_000, None, "sac_halfcheetah",
              "CleanRL settings, batch 256, one update per step after 2k random steps"),
     Workload("ppo-pong", "ppo", dict(PONG_PPO, total_steps=5_120), 5_120, None, "ppo_pong",
@@ -232,6 +244,23 @@ def sb3_dqn_cartpole(w: Workload):
                policy_kwargs=dict(net_arch=list(c["hidden"])), device="cpu", seed=1, verbose=0)
 
 
+def sb3_dqn_pong(w: Workload):
+    import ale_py
+    import gymnasium as gym
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    gym.register_envs(ale_py)
+    c = w.config
+    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=1, seed=1), n_stack=4)
+    return DQN("CnnPolicy", env, learning_rate=c["learning_rate"], buffer_size=c["buffer_size"],
+               learning_starts=c["learning_starts"], batch_size=c["batch_size"], tau=1.0, gamma=c["gamma"],
+               train_freq=4, gradient_steps=1, target_update_interval=4 * c["target_update_interval"],
+               exploration_fraction=c["eps_steps"] / w.steps, exploration_initial_eps=1.0,
+               exploration_final_eps=c["eps_final"], optimize_memory_usage=False, device="cpu", seed=1, verbose=0)
+
+
 def sb3_sac_halfcheetah(w: Workload):
     from stable_baselines3 import SAC
 
@@ -243,7 +272,7 @@ def sb3_sac_halfcheetah(w: Workload):
 
 
 SB3_MODELS = {"ppo_cartpole": sb3_ppo_cartpole, "ppo_pong": sb3_ppo_pong, "dqn_cartpole": sb3_dqn_cartpole,
-              "sac_halfcheetah": sb3_sac_halfcheetah}
+              "dqn_pong": sb3_dqn_pong, "sac_halfcheetah": sb3_sac_halfcheetah}
 
 
 def run_sb3(w: Workload, steps: int) -> dict:
