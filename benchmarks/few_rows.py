@@ -58,16 +58,16 @@ def _twin(act: aot.AotAct) -> aot.AotAct:
     return aot.AotAct(act.act, act.select, act.fallback, act.options)
 
 
+DEFAULT = core.FEW_ROWS
+SIDES = {"GEMM": 0, "elementwise": DEFAULT}
+
+
 def _call(model: aot.AotAct, few_rows: int, state, obs):
     core.FEW_ROWS = few_rows   # read while a model is traced (its first call), not after
     try:
         return model(state, obs, None, True)
     finally:
         core.FEW_ROWS = DEFAULT
-
-
-DEFAULT = core.FEW_ROWS
-SIDES = {"GEMM": 0, "elementwise": DEFAULT}
 
 
 def alone(models: dict, state, obs, calls: int = 2000, rounds: int = 9) -> dict:
