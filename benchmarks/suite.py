@@ -218,16 +218,21 @@ def sb3_ppo_cartpole(w: Workload):
     return _sb3_ppo(make_vec_env("CartPole-v1", n_envs=w.config["num_envs"], seed=1), lr=w.config["learning_rate"])
 
 
-def sb3_ppo_pong(w: Workload):
+def _sb3_pong(n_envs: int):
+    """SB3's Pong: gymnasium's PongNoFrameskip-v4 with SB3's Atari wrappers and 4 stacked frames."""
     import ale_py
     import gymnasium as gym
-    from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import VecFrameStack
 
     gym.register_envs(ale_py)
-    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=8, seed=1), n_stack=4)
-    return PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=_linear(2.5e-4),
+    return VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=n_envs, seed=1), n_stack=4)
+
+
+def sb3_ppo_pong(w: Workload):
+    from stable_baselines3 import PPO
+
+    return PPO("CnnPolicy", _sb3_pong(8), n_steps=128, batch_size=256, n_epochs=4, learning_rate=_linear(2.5e-4),
                gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5, clip_range=0.1, clip_range_vf=0.1,
                max_grad_norm=0.5, device="cpu", seed=1, verbose=0)
 
@@ -245,18 +250,13 @@ def sb3_dqn_cartpole(w: Workload):
 
 
 def sb3_dqn_pong(w: Workload):
-    import ale_py
-    import gymnasium as gym
     from stable_baselines3 import DQN
-    from stable_baselines3.common.env_util import make_atari_env
-    from stable_baselines3.common.vec_env import VecFrameStack
 
-    gym.register_envs(ale_py)
     c = w.config
-    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=1, seed=1), n_stack=4)
-    return DQN("CnnPolicy", env, learning_rate=c["learning_rate"], buffer_size=c["buffer_size"],
+    every = round(1 / c["replay_ratio"])   # env steps per update (SB3 counts its target period in env steps)
+    return DQN("CnnPolicy", _sb3_pong(1), learning_rate=c["learning_rate"], buffer_size=c["buffer_size"],
                learning_starts=c["learning_starts"], batch_size=c["batch_size"], tau=1.0, gamma=c["gamma"],
-               train_freq=4, gradient_steps=1, target_update_interval=4 * c["target_update_interval"],
+               train_freq=every, gradient_steps=1, target_update_interval=every * c["target_update_interval"],
                exploration_fraction=c["eps_steps"] / w.steps, exploration_initial_eps=1.0,
                exploration_final_eps=c["eps_final"], optimize_memory_usage=False, device="cpu", seed=1, verbose=0)
 
