@@ -11,7 +11,9 @@ first compiled calls are done, times every call of the loop's pieces with `perf_
 | record | the sampler's writes of one step into the rollout (`Lane.record_raw` / `record`) and the flags / episode statistics of a collect (`Lane.finish`) |
 | replay add | `replay.add` of the [T, B] rollout |
 | learn | the loop's learner step (`fnrl.learner`: replay sample -> update -> priorities; one compiled graph under `compile`) and `replay.can_sample` |
-| rest | wall time of the window minus the pieces: the loop's own Python, logging, checkpoints |
+| sampler | the rest of the sampler's `collect`: its loop over the steps, `Lane.act`'s and `Lane.begin`'s own Python |
+| rest | wall time of the window minus the pieces above: the training loop's own Python (counters, episode returns, the update cadence), logging and checkpoints at the cadence of the full run (`FULL_RUN`) |
+| timers | this script's own wrappers around the timed calls (calibrated on a no-op, times the number of calls); subtracted from the rows whose time holds them |
 
 Writes nothing; prints a markdown table (share of wall time, µs per env step) and, with
 `--cprofile`, the top functions of a cProfile of the same window.
@@ -36,19 +38,24 @@ import fnrl.train as train_mod  # noqa: E402
 from fnrl import algos, replay  # noqa: E402
 from fnrl.envs.batched import BatchedEnv  # noqa: E402
 from fnrl.samplers.lane import Lane  # noqa: E402
+from fnrl.samplers.serial import SerialSampler  # noqa: E402
 from suite import CARTPOLE_DQN, HALFCHEETAH_SAC  # noqa: E402
 
 SETTINGS = {"dqn": CARTPOLE_DQN, "sac": HALFCHEETAH_SAC, "td3": HALFCHEETAH_SAC}
+FULL_RUN = {"dqn": 100_000, "sac": 1_000_000, "td3": 1_000_000}
+"""Env steps of the full run (CleanRL's) whose logging and checkpoint cadence the window keeps:
+`fnrl train`'s defaults for it, a log row every 1% of it and a checkpoint every 10%."""
 PIECES = ("act", "env", "record", "replay add", "learn")
+INSIDE_COLLECT = ("act", "env", "record")
 
 
 class Clock:
-    """Per-piece time sums, counted only while `on`."""
+    """Per-piece time sums, counted only while `on`; "collect" spans act, env and record."""
 
     def __init__(self):
         self.on = False
-        self.spent = dict.fromkeys(PIECES, 0.0)
-        self.calls = dict.fromkeys(PIECES, 0)
+        self.spent = dict.fromkeys((*PIECES, "collect"), 0.0)
+        self.calls = dict.fromkeys((*PIECES, "collect"), 0)
 
     def wrap(self, piece: str, fn):
         def timed(*args, **kwargs):
@@ -60,6 +67,27 @@ class Clock:
             self.calls[piece] += 1
             return out
         return timed
+
+
+def timer_cost(calls: int = 200_000) -> float:
+    """Seconds one `Clock.wrap`ped call adds to the call it times (a no-op timed against itself bare)."""
+    def noop(*args):
+        return None
+
+    clock = Clock()
+    clock.on = True
+    timed = clock.wrap("act", noop)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(calls):
+            timed(None)
+        wrapped = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(calls):
+            noop(None)
+        best = min(best, (wrapped - (time.perf_counter() - t)) / calls)
+    return best
 
 
 def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updates: int, learning_starts):
@@ -102,11 +130,13 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
     Lane.record = clock.wrap("record", Lane.record)
     Lane.record_raw = clock.wrap("record", Lane.record_raw)
     Lane.finish = clock.wrap("record", Lane.finish)
+    SerialSampler.collect = clock.wrap("collect", SerialSampler.collect)
     replay.add = clock.wrap("replay add", replay.add)
     replay.can_sample = clock.wrap("learn", replay.can_sample)
     with tempfile.TemporaryDirectory() as tmp:
         result = train_mod.train(algo, config, seed=1, log_dir=Path(tmp) / "run", compile=compile, quiet=True,
-                                 tensorboard=False, plot=False, threads=1)
+                                 tensorboard=False, plot=False, threads=1, log_interval=FULL_RUN[algo] // 100,
+                                 checkpoint_every=FULL_RUN[algo] // 10)
     wall = time.perf_counter() - window["t0"]
     if prof is not None:
         prof.disable()
@@ -114,13 +144,21 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
     return clock, wall, env_steps, prof
 
 
-def table(clock: Clock, wall: float, env_steps: int) -> str:
+def table(clock: Clock, wall: float, env_steps: int, per_call: float) -> str:
+    """The pieces, the sampler's and the loop's own time, and the timers', each net of the timers."""
+    inside = sum(clock.calls[p] for p in INSIDE_COLLECT)
+    outside = clock.calls["collect"] + sum(clock.calls[p] for p in PIECES if p not in INSIDE_COLLECT)
+    shares = {p: clock.spent[p] for p in PIECES}
+    # a wrapper's own cost lies outside the time it records: in the collect's for the calls made
+    # inside it, in the loop's for the others
+    shares["sampler"] = clock.spent["collect"] - sum(clock.spent[p] for p in INSIDE_COLLECT) - per_call * inside
+    shares["rest"] = wall - clock.spent["collect"] - sum(clock.spent[p] for p in PIECES if p not in INSIDE_COLLECT) \
+        - per_call * outside
+    shares["timers"] = per_call * (inside + outside)
     rows = ["| piece | share of wall | µs per env step | calls |", "|---|---:|---:|---:|"]
-    for piece in PIECES:
-        s = clock.spent[piece]
-        rows.append(f"| {piece} | {100 * s / wall:.1f}% | {1e6 * s / env_steps:,.0f} | {clock.calls[piece]:,} |")
-    rest = wall - sum(clock.spent.values())
-    rows.append(f"| rest | {100 * rest / wall:.1f}% | {1e6 * rest / env_steps:,.0f} | |")
+    for piece in ("act", "env", "record", "sampler", "replay add", "learn", "rest", "timers"):
+        calls = f"{clock.calls[piece]:,}" if piece in clock.calls else ""
+        rows.append(f"| {piece} | {100 * shares[piece] / wall:.1f}% | {1e6 * shares[piece] / env_steps:,.1f} | {calls} |")
     rows.append(f"| **wall** | 100% | {1e6 * wall / env_steps:,.0f} | SPS {env_steps / wall:,.0f} |")
     return "\n".join(rows)
 
@@ -142,9 +180,11 @@ def main() -> None:
     load1 = os.getloadavg()
     print(f"{args.algo} compile={not args.no_compile} skip_guards={train_mod.SKIP_GUARDS}: {steps} env steps in the window, "
           f"load {load0[0]:.2f} -> {load1[0]:.2f}")
-    print(table(clock, wall, steps))
+    per_call = timer_cost()
+    print(f"one timer: {per_call * 1e6:.2f} µs a call")
+    print(table(clock, wall, steps, per_call))
     if prof is not None:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_TOP", "30")))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,27 @@ def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp
         states.append(result.state)
         assert result.history[-1]["updates"] > (150 if name == "dqn" else 5)
     torch.testing.assert_close(states[1]["params"], states[0]["params"], rtol=0, atol=0)
+    assert not torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe   # the loop's held stance was left
+
+
+def test_held_stance_enters_once_warm_and_leaves_on_release():
+    """The loop holds `_steady`'s stance across iterations (fnrl.train._HeldStance): entered at
+    the first warm `hold`, kept by later ones, left by `release` (twice is harmless)."""
+    from fnrl.train import _HeldStance
+
+    def skipping():
+        return torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe
+
+    held = _HeldStance()
+    held.hold(False)
+    assert not skipping()
+    held.hold(True)
+    held.hold(True)
+    assert skipping()
+    held.release()
+    assert not skipping()
+    held.release()
+    assert not skipping()
 
 
 def test_aot_act_serves_training_calls_and_caches_its_package(monkeypatch, tmp_path):

@@ -188,7 +188,8 @@ def _check_rollout_now(buffer: ReplayBuffer, rollout: TensorDictBase) -> None:
         raise ValueError(f"rollout has T={T} steps but the buffer holds {spec.rows_per_env} rows per env; "
                          f"use capacity >= {T * B}")
     stored = set(buffer.storage.keys(include_nested=True, leaves_only=True))
-    given = set(rollout.exclude("next_obs").keys(include_nested=True, leaves_only=True))
+    given = {k for k in rollout.keys(include_nested=True, leaves_only=True)
+             if (k if isinstance(k, str) else k[0]) != "next_obs"}
     if stored != given:
         raise ValueError(f"rollout keys differ from the buffer's: missing {sorted(map(str, stored - given))}, "
                          f"unexpected {sorted(map(str, given - stored))}")
@@ -272,10 +273,12 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False
     _check_rollout(buffer, rollout)
     spec, W = buffer.spec, buffer.steps_written
     C, (T, B) = spec.rows_per_env, rollout.batch_size
-    data = rollout.exclude("next_obs").to(spec.device)
+    data = rollout.exclude("next_obs")
+    if data.device != spec.device:   # a sampler's rollout states its device; a TensorDict without one is moved
+        data = data.to(spec.device)
     if compiled and not spec.frame_dedup and W >= spec.n_step and C >= T + spec.n_step:
         args = (buffer.storage, buffer.rows, buffer.tree, buffer.max_priority, buffer.sampleable_count, data,
-                torch.tensor(W, device=spec.device))
+                torch.scalar_tensor(W, dtype=torch.int64, device=spec.device))
         write = _aot_write(spec, args) if ahead_of_time else None
         if write is not None:
             write(*args)
