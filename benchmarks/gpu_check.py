@@ -10,6 +10,9 @@ Nature-CNN update on the GPU vs the CPU.
    4 epochs x 4 minibatches of 256) on a synthetic Pong-shaped rollout: seconds per
    update, eager vs compiled, GPU vs CPU.
 3. Compiled == eager for that update on the GPU.
+4. The off-policy learner step replayed from a CUDA graph (`--cuda-graphs`, fnrl.cudagraphs)
+   against the same step called compiled: parameters after the same short run, and env steps
+   per second of both (DQN CartPole with CleanRL's settings, SAC HalfCheetah-v4 with batch 256).
 """
 from __future__ import annotations
 
@@ -116,6 +119,33 @@ def compiled_equals_eager(rows: list[str]) -> None:
     print(rows[-1], flush=True)
 
 
+def graphed_learner(rows: list[str]) -> None:
+    from fnrl import algos
+    from fnrl.train import train
+
+    cases = [("dqn", dict(env_id="CartPole-v1", num_envs=1, num_steps=10, buffer_size=10_000, batch_size=128,
+                          learning_starts=1_000, replay_ratio=0.1, hidden=(120, 84), activation="relu",
+                          total_steps=11_000)),
+             ("sac", dict(env_id="HalfCheetah-v4", num_envs=1, num_steps=1, buffer_size=100_000, batch_size=256,
+                          learning_starts=1_000, total_steps=3_000))]
+    for name, overrides in cases:
+        config = dataclasses.replace(algos.default_config(name), **overrides)
+        try:
+            runs = {}
+            for graphs in (False, True):
+                result = train(name, config, seed=1, device="cuda", cuda_graphs=graphs, quiet=True, tensorboard=False,
+                               plot=False, log_dir=f"/tmp/gpu-graphs-{name}-{graphs}")
+                runs[graphs] = result
+            diff = max((x - runs[True].state["params"][k]).abs().max().item()
+                       for k, x in runs[False].state["params"].items(True, True))
+            sps = [runs[g].history[-1]["sps"] for g in (False, True)]
+            rows.append(f"| {name} | {config.env_id} | {config.total_steps:,} | {sps[0]:,.0f} | {sps[1]:,.0f} | "
+                        f"{sps[1] / sps[0]:.2f}x | {diff:.2e} |")
+        except Exception as e:  # report and carry on: this is a check
+            rows.append(f"| {name} | {config.env_id} | - | FAILED: {type(e).__name__}: {str(e)[:200]} | | | |")
+        print(rows[-1], flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/gpu_check.md")
@@ -129,7 +159,11 @@ if __name__ == "__main__":
     rows += ["\n## 2. PPO update, Nature CNN, CleanRL Atari settings (1024 samples, 4 x 4 minibatches)\n",
              "| device | mode | first call s (incl. compile) | ms per update | samples/s |", "|---|---|---|---|---|"]
     for section in (lambda: cnn_update(rows, ["cuda", "cpu"]),
-                    lambda: (rows.append("\n## 3. Compiled vs eager on the GPU\n"), compiled_equals_eager(rows))):
+                    lambda: (rows.append("\n## 3. Compiled vs eager on the GPU\n"), compiled_equals_eager(rows)),
+                    lambda: (rows.extend(["\n## 4. Off-policy learner step: CUDA-graphed vs compiled\n",
+                                          "| algo | env | steps | sps compiled | sps graphed | ratio | "
+                                          "max abs param diff |", "|---|---|---|---|---|---|---|"]),
+                             graphed_learner(rows))):
         try:
             section()
         except Exception as e:

@@ -1,7 +1,7 @@
 """The `fnrl` command: train, eval, launch, plot, bench.
 
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
-                    [--device cpu|cuda] [--compile/--no-compile] [--resume DIR]
+                    [--device cpu|cuda [--cuda-graphs]] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-interval N [--eval-episodes K]]
                     [--sampler serial|alternating|parallel|async [--sampler-workers W]] [--nproc N]
                     [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
@@ -25,7 +25,7 @@ from fnrl.errors import ConfigError
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "update_threads", "env_threads",
                 "quiet", "stop_return", "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep",
-                "nproc", "sampler_workers")
+                "nproc", "sampler_workers", "cuda_graphs")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -95,6 +95,9 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the networks run")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="torch.compile the update and acting steps (default: on)")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
+                        help="replay the off-policy learner step from a CUDA graph (needs --device cuda; "
+                             "default: off)")
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue the run in DIR from its checkpoint")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--update-threads", type=int, default=None, metavar="N",

@@ -36,6 +36,12 @@ AOTAutograd's wrappers around the graph: per DQN update (CleanRL's CartPole sett
 ~540 -> ~380 us; the arithmetic-bound SAC update 1.05x (`benchmarks/learner_step.md`). A step that cannot be traced this way runs through
 `torch.compile`, after one warning.
 
+cuda_graph=True (fused, on a GPU; `fnrl train --cuda-graphs`): the compiled step is captured
+in a CUDA graph at its third call and replayed after (`fnrl.cudagraphs.GraphedStep`): one
+launch per update instead of one per kernel. The donated state, the buffer written in place
+and the refilled beta keep their addresses, which is what a replay needs; the metrics are
+the graph's own tensors, rewritten by the next update.
+
 fused=False: `replay.sample` (compiled as its own graph when `sample_options` say so), then
 `update`, then `replay.update_priorities`: any buffer (sequence replay, vmapped rows' buffers
 via `fnrl.replay.multi`, frame-deduplicated Atari stacks) and eager runs.
@@ -52,7 +58,8 @@ from fnrl import replay as row_replay
 
 
 def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused: bool, ahead_of_time: bool = False,
-                 replay=row_replay, sample_options: dict | None = None, rows: bool = False) -> Callable:
+                 replay=row_replay, sample_options: dict | None = None, rows: bool = False,
+                 cuda_graph: bool = False) -> Callable:
     """`learn(state, buffer, beta) -> (state, buffer, metrics)`: sample `batch_size` rows of
     `buffer`, apply `update` and (prioritized) write the new priorities `metrics["priority"]` [N];
     returns the new state and the buffer to use next, as `fnrl.replay`'s calls do.
@@ -61,12 +68,16 @@ def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused:
     (`update` must then be the eager, uncompiled function; it is compiled here with the draw).
     ahead_of_time (fused=True only): serve the calls with an AOTInductor model of the fused step
     (module docstring), falling back to `torch.compile` with a warning where it cannot be built.
+    cuda_graph (fused=True only, a CUDA buffer): replay the compiled step from a CUDA graph
+    (module docstring); takes the place of ahead_of_time.
     replay, sample_options, rows (fused=False only): the replay module of `buffer`
     (`fnrl.replay`, `fnrl.replay.sequence` or `fnrl.replay.multi`), keywords of its `sample`,
     and whether `buffer` holds vmapped rows' buffers (their index [R, N] is used as is).
     """
+    if cuda_graph and not fused:
+        raise ValueError("cuda_graph needs the fused learner step (fused=True)")
     if fused:
-        return _fused(update, batch_size, prioritized, ahead_of_time)
+        return _fused(update, batch_size, prioritized, ahead_of_time and not cuda_graph, cuda_graph)
     options = dict(sample_options or {})
 
     def learn(state, buffer, beta: float):
@@ -80,7 +91,8 @@ def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused:
     return learn
 
 
-def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: bool) -> Callable:
+def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: bool,
+           cuda_graph: bool = False) -> Callable:
     def step(state, tree, storage, table, max_priority, beta, *, spec):
         batch, _ = row_replay.draw(spec, tree, storage, batch_size, beta)
         new_state, metrics = update(state, batch)
@@ -93,13 +105,20 @@ def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: 
     compiled = torch.compile(step, fullgraph=True, dynamic=False,
                              options={"cpp_wrapper": True, "fallback_random": True})
     model = None         # the step as an AOTInductor model (fnrl.aot.AotFunction), built at the first call
+    graphed = None       # the compiled step replayed from a CUDA graph (fnrl.cudagraphs), with cuda_graph
     beta_tensor = None   # one 0-d tensor refilled per call (a graph input, so a new beta never recompiles)
 
     def learn(state, buffer, beta: float):
-        nonlocal beta_tensor, model, ahead_of_time
+        nonlocal beta_tensor, model, ahead_of_time, graphed
         if beta_tensor is None:
             beta_tensor = torch.empty((), dtype=buffer.tree.dtype, device=buffer.tree.device)
         beta_tensor.fill_(beta)
+        if cuda_graph:
+            if graphed is None:
+                from fnrl.cudagraphs import GraphedStep
+
+                graphed = GraphedStep(functools.partial(compiled, spec=buffer.spec))
+            return state, buffer, graphed(*_parts(state, buffer, beta_tensor))
         if ahead_of_time:
             if model is None:
                 model = aot.function_or_none("the learner step is", functools.partial(step, spec=buffer.spec),

@@ -305,7 +305,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
            threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
            plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
            eval_episodes: int = 10, sampler: str = "serial", sampler_workers: int | None = None, num_seeds: int = 1,
-           sweep: dict | None = None) -> TrainResult:
+           sweep: dict | None = None, cuda_graphs: bool = False) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -330,6 +330,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
         parallel), or "async" (off-policy: sampling in its own process, see fnrl.train_async).
     sampler_workers: worker processes of the parallel sampler (default: one per core).
+    cuda_graphs: replay the off-policy learner step from a CUDA graph (`fnrl.cudagraphs`; needs
+        --device cuda, compile and the fused learner: one seed, a row replay without frame stacks).
     """
     module = algos.load(name)
     if resume is not None:
@@ -349,6 +351,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu")
     module.validate(config)
+    from fnrl.cudagraphs import check_cuda_graphs
+
+    off_policy = module.KIND == "off_policy"
+    check_cuda_graphs(cuda_graphs, device=device, compile=compile, algo=name, off_policy=off_policy, sampler=sampler)
     rows = None
     if num_seeds != 1 or sweep:
         from fnrl import seeds as vmapped
@@ -398,7 +404,6 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                              quiet=quiet, resume=resume, log_interval=log_interval,
                              checkpoint_every=checkpoint_every, tensorboard=tensorboard, plot=plot,
                              stop_return=stop_return)
-    off_policy = module.KIND == "off_policy"
     sequence_replay = getattr(module, "REPLAY", None) == "sequence"
     if rows:
         env = vmapped.make_env(config.env_id, rows, config.num_envs)
@@ -409,6 +414,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     # one compiled graph samples and updates (fnrl.learner): row replay without frame dedup, one seed
     fused_learner = (FUSED_LEARNER and compile and off_policy and not rows and not sequence_replay
                      and not env.spec.is_atari)
+    check_cuda_graphs(cuda_graphs, device=device, compile=compile, algo=name, off_policy=off_policy,
+                      fused_learner=fused_learner and world.size == 1)
     if not rows:
         agent = _make_agent(module, config, env.spec, compile, update_compiled_by_learner=fused_learner)
     with world.agree():
@@ -534,7 +541,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                     replay_state = replay.add(replay_state, rollout, compiled=compile, ahead_of_time=aot.ENABLED)
                 if learn is None:
                     learn = _make_learner(agent.update, config, replay, fused_learner, compile, rows,
-                                          sequence_replay, ahead_of_time=aot.ENABLED and world.size == 1)
+                                          sequence_replay, ahead_of_time=aot.ENABLED and world.size == 1,
+                                          cuda_graph=cuda_graphs)
                 if counters["env_steps"] >= config.learning_starts:
                     update_credit += steps_per_collect * config.replay_ratio
                     progress = counters["env_steps"] / config.total_steps
@@ -606,7 +614,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
 
 
 def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequence_replay: bool,
-                  ahead_of_time: bool = False):
+                  ahead_of_time: bool = False, cuda_graph: bool = False):
     """The loop's `learn(state, buffer, beta) -> (state, buffer, metrics)` (fnrl.learner): fused (sample and
     update in one graph, the state donated; as an AOTInductor model with `ahead_of_time`, which the loop
     asks for where `fnrl.aot.ENABLED` and one process trains: no all-reduce inside the step) or
@@ -616,7 +624,8 @@ def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequ
 
     return make_learner(update, config.batch_size, config.prioritized, fused=fused,
                         ahead_of_time=fused and ahead_of_time, replay=replay,
-                        sample_options={} if sequence_replay else {"compiled": compile}, rows=bool(rows))
+                        sample_options={} if sequence_replay else {"compiled": compile}, rows=bool(rows),
+                        cuda_graph=cuda_graph)
 
 
 def _log_rows(logger, row, rows, row_returns, last_returns, reached, metrics, stop_return):

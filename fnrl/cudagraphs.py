@@ -1,0 +1,128 @@
+"""CUDA-graph capture of a step whose tensors stay where they are: `GraphedStep`.
+
+    graphed = GraphedStep(step)            # step(*args) -> tensor, dict of tensors or None
+    out = graphed(state, buffer, beta)     # calls 1-2: eager warm-up; 3: capture; then replays
+
+On a GPU a small update is launch-bound: each of its hundreds of kernels costs a few µs
+to launch from the host, more than its arithmetic. A CUDA graph records the kernels of
+one call and replays them all with one launch. Replaying reads and writes the memory
+the recorded call used, so the step must:
+
+- take tensors (and TensorDicts of them) that keep their storage from call to call: a
+  donated state (the step writes its new values into the old tensors, as the fused
+  off-policy learner does, `fnrl.learner`), a replay buffer written in place, and every
+  changing scalar as a 0-d tensor refilled before the call (a learning rate, beta);
+- have static shapes, no host synchronization (`.item()`, a Python branch on a tensor)
+  and no CPU tensors;
+- draw its random numbers from the CUDA generator (a graph advances it as eager would).
+
+Its outputs are the graph's own tensors, rewritten by every replay: read (or clone) them
+before the next call. A call whose tensors moved (another state, a rebuilt buffer) raises
+`GraphInputsMoved` instead of replaying over memory that may no longer be the step's.
+The first `warmup` calls run the step eagerly on a side stream, as CUDA needs before a
+capture (cuBLAS workspaces, Triton autotuning, a compiled step's first compile).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from tensordict import TensorDictBase
+
+from fnrl.errors import ConfigError
+
+
+class GraphInputsMoved(RuntimeError):
+    """A graphed step was called with tensors at other addresses than the ones it captured."""
+
+
+def leaves(args: tuple) -> list[torch.Tensor]:
+    """The tensors of `args` (tensors and TensorDicts), in order."""
+    out = []
+    for a in args:
+        if isinstance(a, TensorDictBase):
+            out.extend(a.values(include_nested=True, leaves_only=True))
+        elif torch.is_tensor(a):
+            out.append(a)
+        else:
+            raise TypeError(f"a graphed step takes tensors and TensorDicts, got {type(a).__name__}")
+    return out
+
+
+class GraphedStep:
+    """`step(*args)` replayed from one CUDA graph (module docstring).
+
+    step: the function to capture (eager or `torch.compile`d), returning a tensor, a dict /
+        TensorDict of tensors, or None.
+    warmup: eager calls before the capture (at least 1).
+    graph: the graph factory, `torch.cuda.CUDAGraph` (tests pass a stand-in to check the
+        bookkeeping on a machine without a GPU); `capture(graph)` the context that records
+        into it, `torch.cuda.graph` by default.
+    """
+
+    def __init__(self, step: Callable, warmup: int = 2, graph: Callable | None = None,
+                 capture: Callable | None = None, stream=None):
+        if warmup < 1:
+            raise ValueError(f"warmup must be at least 1, got {warmup}")
+        self.step, self.warmup = step, warmup
+        self._graph_type = graph or torch.cuda.CUDAGraph
+        self._capture = capture or torch.cuda.graph
+        self._stream = stream
+        self.calls = 0
+        self.graph = None
+        self.out = None
+        self._addresses: list[int] = []
+
+    def _side_stream(self):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
+    def __call__(self, *args):
+        tensors = leaves(args)
+        self.calls += 1
+        if self.graph is None and self.calls <= self.warmup:
+            return self._eager(args)
+        if self.graph is None:
+            self.graph = self._graph_type()
+            with self._capture(self.graph):
+                self.out = self.step(*args)
+            self._addresses = [t.data_ptr() for t in tensors]
+        elif [t.data_ptr() for t in tensors] != self._addresses:
+            raise GraphInputsMoved("a graphed step was called with tensors other than the ones it captured "
+                                   "(a new state or buffer); make a new GraphedStep for them")
+        self.graph.replay()   # the capture records without running: the capturing call replays too
+        return self.out
+
+    def _eager(self, args):
+        if self._graph_type is not torch.cuda.CUDAGraph:   # a stand-in graph: no streams to manage
+            return self.step(*args)
+        stream = self._side_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = self.step(*args)
+        torch.cuda.current_stream().wait_stream(stream)
+        return out
+
+
+def check_cuda_graphs(cuda_graphs: bool, *, device: str, compile: bool, algo: str, off_policy: bool,
+                      sampler: str = "serial", fused_learner: bool | None = None) -> None:
+    """One-line errors for `--cuda-graphs` where it does not apply (before any work starts);
+    `fused_learner` None: not known yet (checked again once the env is made)."""
+    if not cuda_graphs:
+        return
+    if not str(device).startswith("cuda"):
+        raise ConfigError(f"--cuda-graphs captures CUDA work: add --device cuda (got --device {device}), "
+                          "or drop --cuda-graphs")
+    if not compile:
+        raise ConfigError("--cuda-graphs captures the compiled learner step: drop --no-compile")
+    if not off_policy:
+        raise ConfigError(f"--cuda-graphs captures the off-policy learner step (dqn family, ddpg, td3, sac); "
+                          f"{algo}'s update runs compiled without it: drop --cuda-graphs")
+    if sampler == "async":
+        raise ConfigError("--cuda-graphs captures the serial loop's learner step, not --sampler async's learner "
+                          "process: drop one of them")
+    if fused_learner is False:
+        raise ConfigError("--cuda-graphs captures the fused learner step, used for one seed with a row replay "
+                          "without frame deduplication (not --num-seeds / --sweep, sequence replay or Atari "
+                          "frame stacks): drop --cuda-graphs")
