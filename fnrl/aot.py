@@ -42,6 +42,7 @@ from typing import Callable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torch.utils import _pytree as pytree
 
 
 ENABLED = True
@@ -153,13 +154,14 @@ class AotFunction:
     """`fn(*args)` as an AOTInductor model (`compile_traced`) called with the leaves of `args`.
 
     args: tensors and TensorDicts (anything else `fn` needs is bound in it). `fn` returns a
-    tensor, a flat dict (or TensorDict) of tensors, or None, and may write into its inputs in
-    place: the model makes the same writes. Built for the first call's args; a later call
-    passes args of the same structure, shapes and dtypes (the leaves are read at every call,
-    so other tensors in the same places are fine), and gets a tensor, a TensorDict [] of the
-    dict's entries, or None. Raises at construction what tracing or compiling raises, and
-    ValueError where two inputs share memory (traced as separate tensors, a write into one
-    would not show in the other)."""
+    tensor, a flat dict (or TensorDict) of tensors, a tuple of tensors and TensorDicts (nested
+    ones too), or None, and may write into its inputs in place: the model makes the same
+    writes. Built for the first call's args; a later call passes args of the same structure,
+    shapes, strides and dtypes (`matches` tells; the leaves are read at every call, so other
+    tensors in the same places are fine), and gets a tensor, a TensorDict [] of the dict's
+    entries, the tuple rebuilt (its TensorDicts with their batch sizes), or None. Raises at
+    construction what tracing or compiling raises, and ValueError where two inputs share
+    memory (traced as separate tensors, a write into one would not show in the other)."""
 
     def __init__(self, fn: Callable, args: tuple, options: dict | None = None):
         self.keys = []   # per arg: None for a tensor, the leaf keys of a TensorDict
@@ -169,6 +171,7 @@ class AotFunction:
             self.keys.append(None if torch.is_tensor(a) else list(a.keys(include_nested=True, leaves_only=True)))
         self.readers = [None if keys is None else [leaf_reader(k) for k in keys] for keys in self.keys]
         self.out_keys: list | None = None   # None: a tensor; a list: the dict's keys
+        self.out_spec = None                # a tuple's pytree structure
         self.returns_none = False
 
         def flat(*leaves):
@@ -187,6 +190,11 @@ class AotFunction:
                 return ()
             if torch.is_tensor(out):
                 return (out,)
+            if isinstance(out, tuple):
+                values, self.out_spec = pytree.tree_flatten(out)
+                if not all(torch.is_tensor(v) for v in values):
+                    raise TypeError("a returned tuple holds tensors and TensorDicts only")
+                return tuple(values)
             if any(not torch.is_tensor(v) for v in out.values()):
                 raise TypeError("only a tensor or a flat dict of tensors is returned")
             self.out_keys = list(out.keys())
@@ -196,7 +204,16 @@ class AotFunction:
         memory = [x.untyped_storage().data_ptr() for x in inputs if x.numel()]
         if len(set(memory)) < len(memory):
             raise ValueError("two of the inputs share memory")
+        self.layout = _layout(inputs)
         self.run = compile_traced(flat, inputs, dict(options or {}))
+
+    def matches(self, *args) -> bool:
+        """Whether `args` have the built call's structure and the layout of its tensors
+        (shapes, strides, dtypes, devices), which the model reads its inputs with."""
+        try:
+            return _layout(self.leaves(args)) == self.layout
+        except (AttributeError, KeyError, TypeError):
+            return False
 
     def leaves(self, args: tuple) -> list[torch.Tensor]:
         out = []
@@ -211,9 +228,15 @@ class AotFunction:
         values = self.run(self.leaves(args))
         if self.returns_none:
             return None
+        if self.out_spec is not None:
+            return pytree.tree_unflatten(list(values), self.out_spec)
         if self.out_keys is None:
             return values[0]
         return TensorDict(dict(zip(self.out_keys, values)), batch_size=[])
+
+
+def _layout(tensors: list[torch.Tensor]) -> list[tuple]:
+    return [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
 
 
 def function_or_none(subject: str, fn: Callable, args: tuple, options: dict | None = None) -> AotFunction | None:

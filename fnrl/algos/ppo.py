@@ -17,7 +17,11 @@ and minibatches split only the env dimension (whole sequences).
     action, extras, carry = agent.act(state, obs, None, explore=True)
     state, metrics = agent.update(state, rollout)        # all epochs and minibatches
 
-`update` is pure; the training loop compiles it once (`torch.compile`).
+`update` is pure. Compiled (`make(..., compile=True)`), a feed-forward policy's whole
+iteration (advantages, every epoch and minibatch, the metrics) runs as one AOTInductor model
+(`fnrl.aot`), given the minibatch order; elsewhere (a recurrent core, vmapped rows, a rollout
+laid out otherwise than the first one, or a model that cannot be built) its pieces run
+`torch.compile`d.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from fnrl import losses, optim
+from fnrl import aot, losses, optim
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
                                masked_mean, scan_steps)
 from fnrl.envs.spec import EnvSpec
@@ -158,7 +162,11 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     `update` runs all epochs and minibatches of one iteration. Its pieces (advantage
     computation, one minibatch step) are pure; with `compile=True` each is compiled
     once with `fullgraph=True` and reused for every minibatch, which keeps compile time
-    independent of the number of epochs and minibatches.
+    independent of the number of epochs and minibatches. Where `fnrl.aot.ENABLED`, the
+    policy is feed-forward and not `batched`, the calls are served instead by one AOTInductor model of the
+    whole iteration (the pieces traced together, the minibatch loop a `scan` inside it),
+    called with the state's and the rollout's tensors: no TorchDynamo guards, no Python
+    between the minibatches (`benchmarks/ppo_update_aot.md`).
 
     batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and
     trains the K rows independently: each piece is `torch.func.vmap`-ed over the leading
@@ -242,9 +250,10 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
             "clipfrac": masked_mean(clipped, valid).detach(),
         }
 
-    def prepare(state: TensorDict, rollout: TensorDict):
+    def prepare(state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor):
         """Advantages, targets and normalizer updates: the training batch ([T*B] steps, or
-        [T, B] sequences for a recurrent policy)."""
+        [T, B] sequences for a recurrent policy). last_obs [B, ...]: the observation after
+        the rollout's last step (rollout["next_obs"][-1])."""
         params, hp = state["params"], state["hp"]
         new_state = state.copy()
         obs = observe(state, rollout["obs"])
@@ -259,11 +268,11 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
             new_state["obs_rms"] = rms_update(state["obs_rms"], flat_obs, rollout["valid"].reshape(n))
         value = rollout["value"]
         if recurrent:
-            obs_all = torch.cat([obs, observe(state, rollout["next_obs"][-1:])])
+            obs_all = torch.cat([obs, observe(state, last_obs[None])])
             old_dist, value_all = rnn.rollout_unroll(params, obs_all, rollout)
             old_dist, last_value = tuple(x[:-1] for x in old_dist), value_all[-1]
         else:
-            _, last_value = policy(params, observe(state, rollout["next_obs"][-1]))
+            _, last_value = policy(params, observe(state, last_obs))
         next_value = torch.cat([value[1:], last_value[None]])
         discount = hp["gamma"] * (~rollout["terminated"]).to(value.dtype)
         advantage = gae(reward, value, next_value, discount, rollout["done"], hp["gae_lambda"])
@@ -320,20 +329,18 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     if batched:
         prepare, train_epochs, kl_adapt = (torch.func.vmap(f, randomness="different")
                                            for f in (prepare, train_epochs, kl_adapt))
+    pieces = traceable = (prepare, train_epochs, kl_adapt)
     if compile:
-        prepare, train_epochs, kl_adapt = (torch.compile(f, fullgraph=True, dynamic=False)
-                                           for f in (prepare, train_epochs, kl_adapt))
+        pieces = tuple(torch.compile(f, fullgraph=True, dynamic=False) for f in pieces)
 
-    def update(state: TensorDict, rollout: TensorDict):
-        """All epochs x minibatches of one iteration: the compiled pieces, sequenced."""
-        new_state, flat, explained_var = prepare(state, rollout)
+    def iteration(pieces, state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor, perms: torch.Tensor):
+        """All epochs x minibatches of one iteration in the minibatch order `perms` [(K,) E*M, mb]:
+        (new state, metrics), from `pieces` = (prepare, train_epochs, kl_adapt)."""
+        prepare, train_epochs, kl_adapt = pieces
+        new_state, flat, explained_var = prepare(state, rollout, last_obs)
         params, opt_state, hp = state["params"], state["opt_state"], state["hp"]
         rows = state.batch_size  # [] or [K] (batched)
-        kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(rows)
-        seeds, steps = state["seed"].reshape(-1).tolist(), state["env_steps"].reshape(-1).tolist()
-        perms = torch.stack([_permutations(s, t, config.update_epochs, B if recurrent else n)
-                             for s, t in zip(seeds, steps)]).to(flat.device)
-        perms = perms.view(*rows, -1, mb_size)
+        kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(rows, device=perms.device)
         params, opt_state, history, clip = train_epochs(params, opt_state, flat, perms,
                                                         state["env_steps"], kl_coef, hp)
         metrics = {k: v.mean(-1) for k, v in history.items()}
@@ -342,5 +349,32 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         metrics.update(explained_variance=explained_var, clip_coef=clip)
         new_state["params"], new_state["opt_state"] = params, opt_state
         return new_state, TensorDict(metrics, batch_size=rows)
+
+    def minibatch_order(state: TensorDict, device) -> torch.Tensor:
+        """perms [(K,) E*M, mb]: each row's epochs of minibatch indices, from its seed and env steps."""
+        rows = state.batch_size
+        seeds, steps = state["seed"].reshape(-1).tolist(), state["env_steps"].reshape(-1).tolist()
+        perms = torch.stack([_permutations(s, t, config.update_epochs, B if recurrent else n)
+                             for s, t in zip(seeds, steps)]).to(device)
+        return perms.view(*rows, -1, mb_size)
+
+    whole = None   # the iteration as one AOTInductor model (fnrl.aot.AotFunction), built at the first call
+    # make_fx cannot trace the vmapped scan of `batched` (fnrl.seeds): those pieces stay torch.compile'd
+    ahead_of_time = compile and aot.ENABLED and not recurrent and not batched
+
+    def update(state: TensorDict, rollout: TensorDict):
+        """All epochs x minibatches of one iteration: one model, or the compiled pieces, sequenced."""
+        nonlocal whole, ahead_of_time
+        perms = minibatch_order(state, rollout.device or state["env_steps"].device)
+        last_obs = rollout["next_obs"][:, -1] if batched else rollout["next_obs"][-1]
+        if ahead_of_time:
+            # next_obs shares obs's memory (one [T + 1] buffer): the model reads obs and a copy of the last row
+            args = (state, rollout.exclude("next_obs"), last_obs.clone(), perms)
+            if whole is None:
+                whole = aot.function_or_none("the PPO update is", lambda *a: iteration(traceable, *a), args)
+                ahead_of_time = whole is not None
+            if ahead_of_time and whole.matches(*args):
+                return whole(*args)
+        return iteration(pieces, state, rollout, last_obs, perms)
 
     return Agent(init=init, act=act, update=update)
