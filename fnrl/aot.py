@@ -70,8 +70,14 @@ class _Flat(torch.nn.Module):
 
 
 def _package_key(program: torch.export.ExportedProgram, options: dict) -> str:
+    """The program's identity: torch version, options, the code of its graph and of every
+    subgraph (a scan's body, a cond's branches: programs that differ only there are different
+    models), its inputs' shapes, strides and dtypes, and its constants' values."""
     h = hashlib.sha256()
-    h.update(f"{torch.__version__}|{sorted(options.items())}|{program.graph_module.code}".encode())
+    h.update(f"{torch.__version__}|{sorted(options.items())}".encode())
+    for name, module in program.graph_module.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            h.update(f"|{name}|{module.code}".encode())
     for node in program.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -141,8 +147,11 @@ def compile_traced(fn: Callable, args: list[torch.Tensor], options: dict) -> Cal
     from torch.fx.experimental.proxy_tensor import make_fx
 
     # traced as torch.compile traces: torch.compiler.is_compiling() is True in `fn` (fnrl's
-    # compiled forms: torch.cond / scan, the fused tanh); tensors `fn` captures become constants
-    with torch.random.fork_rng(), _compiling_state_context():
+    # compiled forms: torch.cond / scan, the fused tanh); tensors `fn` captures become constants.
+    # TorchDynamo traces a scan's body: static, so that a Python int it closes over (a schedule's
+    # length) stays a constant even where another model's trace saw it with another value
+    with torch.random.fork_rng(), _compiling_state_context(), \
+            torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         graph_module = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
     program = torch.export.export(_Traced(graph_module), tuple(args), strict=False)
     runner = torch._inductor.aoti_load_package(compile_package(program, options))

@@ -44,3 +44,27 @@ def test_aot_function_refuses_inputs_that_share_memory_and_non_tensor_args():
         aot.AotFunction(sgd_step, (state, state["params", "w"].T, torch.tensor(0.1)))
     with pytest.raises(TypeError, match="tensors and TensorDicts"):
         aot.AotFunction(sgd_step, (state, torch.zeros(5, 3), 0.1))
+
+
+def test_aot_functions_that_differ_only_inside_a_scan_body_are_different_models(monkeypatch, tmp_path):
+    """The package cache tells programs apart by their subgraphs too: two scans whose bodies add
+    different constants give their own results (not the first one's package)."""
+    from fnrl.algos.common import scan_steps
+
+    monkeypatch.setenv("FNRL_CACHE_DIR", str(tmp_path))
+
+    def adding(c: float):
+        def fn(x, xs):
+            def step(carry, xi):
+                (td,) = carry
+                return (TensorDict({"s": td["s"] + c * xi}, []),), {"total": td["s"].sum()}
+
+            (td,), _ = scan_steps(step, (TensorDict({"s": x}, []),), xs)
+            return td["s"]
+        return fn
+
+    x, xs = torch.zeros(3), torch.ones(4, 3)
+    for c in (1.0, 2.0):
+        got = aot.AotFunction(adding(c), (x, xs))(x, xs)
+        torch.testing.assert_close(got, torch.full((3,), 4 * c))
+    assert len(list((tmp_path / "aoti").glob("*.pt2"))) == 2

@@ -142,6 +142,24 @@ def test_compiled_vmapped_update_equals_eager_and_does_not_recompile(compiled_ro
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
+def test_vmapped_update_runs_ahead_of_time_after_another_schedule_length_was_traced():
+    """The vmapped PPO update is one AOTInductor model (no fallback to torch.compile), also where
+    the process traced one before with another learning-rate schedule length: TorchDynamo,
+    which traces the scan's body inside the trace, must keep that Python int a constant (a
+    symbol for it stops the vmapped division)."""
+    import warnings
+
+    for total in (10_000, 20_000):
+        config = dataclasses.replace(FIXED_CLIP, total_steps=total)
+        rows, eager, state, rollout = vmapped_run(ppo, config, seed=0, num_seeds=2, explore=True)
+        compiled = seeds.make_agent(ppo, rows, envs.env_spec(SMALL.env_id, 2 * SMALL.num_envs), SMALL.num_envs,
+                                    compile=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="the PPO update is not ahead-of-time")
+            got, _ = compiled.update(state, rollout)
+        assert_close_td(got, eager.update(state, rollout)[0], rtol=1e-4, atol=1e-5)
+
+
 def test_train_num_seeds_writes_rows_per_seed_and_resumes(tmp_path):
     run = tmp_path / "run"
     config = dataclasses.replace(SMALL, total_steps=128)

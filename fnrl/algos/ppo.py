@@ -326,9 +326,27 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         kl = masked_mean(dist.kl(old_dist, new_dist), flat["valid"])
         return losses.adaptive_kl_coef(kl_coef, kl, config.kl_target)
 
+    def train_epochs_rows(params, opt_state, flat, perms, env_steps, kl_coef, hp):
+        """`train_epochs` of K rows (every argument [K, ...], perms [K, E * M, mb]): one scan
+        over the minibatch steps, each step vmapped over the rows (the same arithmetic as
+        vmapping `train_epochs`, with the vmap inside the scan, where make_fx traces it)."""
+        def row_step(params, opt_state, index, env_steps, kl_coef, hp, flat):
+            # the clip range inside the scan: from outside, a view of hp["clip_coef"] would alias hp
+            return minibatch_step(params, opt_state, flat, index, clip_range(hp, env_steps), kl_coef, hp)
+
+        step = torch.func.vmap(row_step, randomness="different")
+
+        def body(carry, index):
+            params, opt_state, metrics = step(*carry, index, env_steps, kl_coef, hp, flat)
+            return (params, opt_state), metrics
+
+        (params, opt_state), history = scan_steps(body, (params, opt_state), perms.transpose(0, 1))
+        clip = torch.func.vmap(clip_range)(hp, env_steps)
+        return params, opt_state, {k: v.transpose(0, 1) for k, v in history.items()}, clip
+
     if batched:
-        prepare, train_epochs, kl_adapt = (torch.func.vmap(f, randomness="different")
-                                           for f in (prepare, train_epochs, kl_adapt))
+        prepare, kl_adapt = (torch.func.vmap(f, randomness="different") for f in (prepare, kl_adapt))
+        train_epochs = train_epochs_rows
     pieces = traceable = (prepare, train_epochs, kl_adapt)
     if compile:
         pieces = tuple(torch.compile(f, fullgraph=True, dynamic=False) for f in pieces)
@@ -359,8 +377,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         return perms.view(*rows, -1, mb_size)
 
     whole = None   # the iteration as one AOTInductor model (fnrl.aot.AotFunction), built at the first call
-    # make_fx cannot trace the vmapped scan of `batched` (fnrl.seeds): those pieces stay torch.compile'd
-    ahead_of_time = compile and aot.ENABLED and not recurrent and not batched
+    ahead_of_time = compile and aot.ENABLED and not recurrent
 
     def update(state: TensorDict, rollout: TensorDict):
         """All epochs x minibatches of one iteration: one model, or the compiled pieces, sequenced."""
