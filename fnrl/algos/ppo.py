@@ -330,18 +330,15 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         """`train_epochs` of K rows (every argument [K, ...], perms [K, E * M, mb]): one scan
         over the minibatch steps, each step vmapped over the rows (the same arithmetic as
         vmapping `train_epochs`, with the vmap inside the scan, where make_fx traces it)."""
-        def row_step(params, opt_state, index, env_steps, kl_coef, hp, flat):
-            # the clip range inside the scan: from outside, a view of hp["clip_coef"] would alias hp
-            return minibatch_step(params, opt_state, flat, index, clip_range(hp, env_steps), kl_coef, hp)
-
-        step = torch.func.vmap(row_step, randomness="different")
+        # a copy: without annealing the range is hp["clip_coef"], and a scan refuses operands that alias
+        clip = torch.func.vmap(clip_range)(hp, env_steps).clone()
+        step = torch.func.vmap(minibatch_step, randomness="different")
 
         def body(carry, index):
-            params, opt_state, metrics = step(*carry, index, env_steps, kl_coef, hp, flat)
+            params, opt_state, metrics = step(*carry, flat, index, clip, kl_coef, hp)
             return (params, opt_state), metrics
 
         (params, opt_state), history = scan_steps(body, (params, opt_state), perms.transpose(0, 1))
-        clip = torch.func.vmap(clip_range)(hp, env_steps)
         return params, opt_state, {k: v.transpose(0, 1) for k, v in history.items()}, clip
 
     if batched:
