@@ -19,8 +19,8 @@ and minibatches split only the env dimension (whole sequences).
 
 `update` is pure. Compiled (`make(..., compile=True)`), a feed-forward policy's whole
 iteration (advantages, every epoch and minibatch, the metrics) runs as one AOTInductor model
-(`fnrl.aot`), given the minibatch order; elsewhere (a recurrent core, vmapped rows, a rollout
-laid out otherwise than the first one, or a model that cannot be built) its pieces run
+(`fnrl.aot`), given the minibatch order; elsewhere (a recurrent core, a rollout laid out
+otherwise than the first one, or a model that cannot be built) its pieces run
 `torch.compile`d.
 """
 from __future__ import annotations
@@ -162,16 +162,17 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     `update` runs all epochs and minibatches of one iteration. Its pieces (advantage
     computation, one minibatch step) are pure; with `compile=True` each is compiled
     once with `fullgraph=True` and reused for every minibatch, which keeps compile time
-    independent of the number of epochs and minibatches. Where `fnrl.aot.ENABLED`, the
-    policy is feed-forward and not `batched`, the calls are served instead by one AOTInductor model of the
+    independent of the number of epochs and minibatches. Where `fnrl.aot.ENABLED` and the
+    policy is feed-forward, the calls are served instead by one AOTInductor model of the
     whole iteration (the pieces traced together, the minibatch loop a `scan` inside it),
     called with the state's and the rollout's tensors: no TorchDynamo guards, no Python
     between the minibatches (`benchmarks/ppo_update_aot.md`).
 
     batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and
     trains the K rows independently: each piece is `torch.func.vmap`-ed over the leading
-    axis before it is compiled (fnrl.seeds uses it for many seeds / settings at once).
-    The fields in SWEEPABLE are read from the state, so rows may differ in them.
+    axis (the minibatch loop as one scan of vmapped steps) before it is compiled (fnrl.seeds
+    uses it for many seeds / settings at once). The fields in SWEEPABLE are read from the
+    state, so rows may differ in them.
     """
     validate(config, spec)
     dist = action_dist(spec)
