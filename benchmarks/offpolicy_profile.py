@@ -19,6 +19,8 @@ Writes nothing; prints a markdown table (share of wall time, µs per env step) a
 `--cprofile`, the top functions of a cProfile of the same window.
 
     python benchmarks/offpolicy_profile.py dqn [--steps 6000] [--no-compile] [--check-guards] [--cprofile]
+
+With --cprofile, PROFILE_SORT (default tottime) and PROFILE_TOP (default 30) choose the listing.
 """
 from __future__ import annotations
 

@@ -61,28 +61,23 @@ class GraphedStep:
     """
 
     def __init__(self, step: Callable, warmup: int = 2, graph: Callable | None = None,
-                 capture: Callable | None = None, stream=None):
+                 capture: Callable | None = None):
         if warmup < 1:
             raise ValueError(f"warmup must be at least 1, got {warmup}")
         self.step, self.warmup = step, warmup
         self._graph_type = graph or torch.cuda.CUDAGraph
         self._capture = capture or torch.cuda.graph
-        self._stream = stream
+        self._stream = None   # the warm-up's side stream, made at the first CUDA warm-up
         self.calls = 0
         self.graph = None
         self.out = None
         self._addresses: list[int] = []
 
-    def _side_stream(self):
-        if self._stream is None:
-            self._stream = torch.cuda.Stream()
-        return self._stream
-
     def __call__(self, *args):
         tensors = leaves(args)
         self.calls += 1
         if self.graph is None and self.calls <= self.warmup:
-            return self._eager(args)
+            return self._eager(args, tensors)
         if self.graph is None:
             self.graph = self._graph_type()
             with self._capture(self.graph):
@@ -94,10 +89,13 @@ class GraphedStep:
         self.graph.replay()   # the capture records without running: the capturing call replays too
         return self.out
 
-    def _eager(self, args):
-        if self._graph_type is not torch.cuda.CUDAGraph:   # a stand-in graph: no streams to manage
+    def _eager(self, args, tensors):
+        """A warm-up call: on a side stream where the tensors are CUDA's (as capturing needs)."""
+        if not any(t.is_cuda for t in tensors):
             return self.step(*args)
-        stream = self._side_stream()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        stream = self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             out = self.step(*args)
