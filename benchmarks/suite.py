@@ -103,6 +103,19 @@ WORKLOADS = [
              "(issue 9's milestone: 120k SPS while reaching 475); left out of --quick (its return needs the whole "
              "run) and without SB3 (the row above measures SB3 at these shapes)",
              contenders=("raw", "compiled", "eager")),
+    # the same three with the graph sampler (fnrl.samplers.graph): CartPole's dynamics in torch, each rollout
+    # one compiled call with the policy; the raw EnvPool ceiling does not apply to them
+    Workload("ppo-cartpole-4-graph", "ppo", dict(CARTPOLE_PPO, total_steps=100_000), 100_000, 20_480,
+             "ppo_cartpole", "`ppo-cartpole-4` with `--sampler graph`", train_kwargs={"sampler": "graph"},
+             contenders=("compiled", "sb3")),
+    Workload("ppo-cartpole-64-graph", "ppo", dict(CARTPOLE_PPO, num_envs=64, total_steps=500_000), 500_000, 65_536,
+             None, "`ppo-cartpole-64` with `--sampler graph` (SB3: the `ppo-cartpole-64` row)",
+             train_kwargs={"sampler": "graph"}, contenders=("compiled",)),
+    Workload("ppo-cartpole-64-lr-graph", "ppo", dict(CARTPOLE_PPO, num_envs=64, learning_rate=2.5e-3,
+                                                     total_steps=500_000), 500_000, 500_000, None,
+             "`ppo-cartpole-64-lr` with `--sampler graph`: issue 9's milestone with the rollout compiled whole "
+             "(in --quick too: at this speed the whole run takes seconds)", train_kwargs={"sampler": "graph"},
+             contenders=("compiled",)),
     Workload("dqn-cartpole", "dqn", dict(CARTPOLE_DQN, total_steps=100_000), 100_000, 20_000, "dqn_cartpole",
              "CleanRL dqn.py settings, 1 env (stepped in-process, as SB3 steps its own), batch 128, an update "
              "every 10 steps"),
@@ -157,7 +170,8 @@ def run_fnrl(w: Workload, steps: int, compile: bool, threads: int) -> dict:
     sps, warmup = _steady(marks, steps, w.config.get("learning_starts", 0))
     sps *= w.rows
     returns = [r["return_mean"] for r in result.history if r["return_mean"] == r["return_mean"]]
-    return {"sps": sps, "warmup_s": warmup, "wall_s": wall, "return": returns[-1] if returns else None}
+    return {"sps": sps, "warmup_s": warmup, "wall_s": wall, "return": returns[-1] if returns else None,
+            "best_return": max(returns) if returns else None}
 
 
 def _config_fields(algo: str) -> dict:
@@ -424,13 +438,15 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
         ratio = _ratio(by_key["ppo-default-8seeds"]["compiled"], by_key["ppo-default-1seed"]["compiled"])
         lines += ["", f"**Vmapped seeds:** 8 seeds in one process / 1 seed, total env steps per second "
                       f"(compiled): **{ratio}** (target 4x)."]
-    if "ppo-cartpole-64-lr" in by_key:
-        c = by_key["ppo-cartpole-64-lr"]["compiled"]
+    for key in ("ppo-cartpole-64-lr", "ppo-cartpole-64-lr-graph"):
+        c = by_key[key]["compiled"] if key in by_key else {"error": "not run"}
         if "error" not in c:
-            met = c["sps"] >= 120_000 and (c.get("return") or 0) >= 475
-            lines += ["", f"**64-env milestone:** `ppo-cartpole-64-lr` compiled at {_fmt(c['sps'])} SPS, last "
-                          f"return_mean {_fmt(c.get('return'), 1)} (target: 120,000 SPS while reaching 475): "
-                          f"{'met' if met else 'not met'}."]
+            reached, last = c.get("best_return") or 0, c.get("return") or 0
+            verdict = ("met at the end of the run" if c["sps"] >= 120_000 and last >= 475 else
+                       "met during the run, not at its end" if c["sps"] >= 120_000 and reached >= 475 else "not met")
+            lines += ["", f"**64-env milestone:** `{key}` compiled at {_fmt(c['sps'])} SPS, last "
+                          f"return_mean {_fmt(c.get('return'), 1)}, best {_fmt(c.get('best_return'), 1)} (target: "
+                          f"120,000 SPS while reaching 475; purejaxrl 170k): {verdict}."]
     lines += ["", "Settings:", ""] + [f"- `{r['w'].key}`: {r['w'].note}." for r in rows]
     lines += ["", "Peers quoted from PEERS.md (same kind of machine, not re-run here): purejaxrl PPO CartPole "
               "121k SPS at 4 envs, 170k at 64 envs; CleanRL PPO CartPole 3.9k, DQN CartPole 3.6k, "

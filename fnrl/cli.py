@@ -3,7 +3,7 @@
     fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda [--cuda-graphs]] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-interval N [--eval-episodes K]]
-                    [--sampler serial|alternating|parallel|async [--sampler-workers W]] [--nproc N]
+                    [--sampler serial|alternating|parallel|graph|async [--sampler-workers W]] [--nproc N]
                     [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
@@ -116,8 +116,9 @@ def _train(argv: list[str]) -> int:
                         help="episodes per evaluation (default: 10)")
     parser.add_argument("--sampler", default="serial", metavar="NAME",
                         help="how rollouts are collected: serial, alternating (two EnvPool groups overlapping the "
-                             "policy), parallel (worker processes) or async (off-policy: sampling in its own "
-                             "process writing a shared replay) (default: serial)")
+                             "policy), parallel (worker processes), graph (on-policy, CartPole-v1: the env's dynamics in "
+                             "torch, compiled with the policy into one call per rollout) or async (off-policy: "
+                             "sampling in its own process writing a shared replay) (default: serial)")
     parser.add_argument("--sampler-workers", type=int, default=None, metavar="W",
                         help="worker processes of --sampler parallel (default: one per core, dividing --num-envs)")
     parser.add_argument("--num-seeds", type=int, default=1, metavar="K",

@@ -328,7 +328,9 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         steps and at the end: `eval_episodes` full episodes, logged as `eval_return_mean`
         and `eval_return_std` (NaN in the other rows).
     sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
-        parallel), or "async" (off-policy: sampling in its own process, see fnrl.train_async).
+        parallel, graph: the env's dynamics in torch, compiled with the policy into one call per
+        rollout, for the envs of fnrl.envs.functional), or "async" (off-policy: sampling in its own
+        process, see fnrl.train_async).
     sampler_workers: worker processes of the parallel sampler (default: one per core).
     cuda_graphs: replay the off-policy learner step from a CUDA graph (`fnrl.cudagraphs`; needs
         --device cuda, compile and the fused learner: one seed, a row replay without frame stacks).
@@ -374,6 +376,9 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         config = dataclasses.replace(config, total_steps=-(-config.total_steps // world.size))
     if sampler != "async":
         samplers.load(sampler)   # an unknown name: one line listing the choices
+    if sampler == "graph" and (off_policy or getattr(module, "RUNTIME", "serial") != "serial"):
+        raise ConfigError(f"--sampler graph collects on-policy rollouts (a2c, ppo), not {name}'s; "
+                          "drop --sampler")
     if threads is not None:
         torch.set_num_threads(threads)
     if update_threads is not None and update_threads < 1:
@@ -408,6 +413,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if rows:
         env = vmapped.make_env(config.env_id, rows, config.num_envs)
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
+    elif sampler == "graph":   # the env's dynamics in torch, compiled into the rollout (fnrl.samplers.graph)
+        from fnrl.envs import functional
+
+        env = functional.make(config.env_id, config.num_envs, seed=seed)
     else:
         # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
         env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)

@@ -11,6 +11,7 @@ All produce the same rollout TensorDict (keys in fnrl.samplers.lane), chosen by 
 | serial | one EnvPool in this process | this process (`--device`): batched central inference |
 | alternating | two EnvPools of B/2 envs, stepping while the policy acts for the other | this process |
 | parallel | W worker processes with an EnvPool of B/W envs each | a CPU copy in each worker |
+| graph | the env's dynamics in torch (`fnrl.envs.functional`), in one compiled scan with the policy | this process, in that scan |
 
 A sampler is a class or function `(env, act, horizon, device, **options) -> sampler`
 with `collect(state, explore=True) -> rollout` and `close()`; it owns `env`. To add one,
@@ -28,6 +29,7 @@ SAMPLERS: dict[str, str] = {
     "serial": "fnrl.samplers.serial:SerialSampler",
     "alternating": "fnrl.samplers.alternating:AlternatingSampler",
     "parallel": "fnrl.samplers.parallel:ParallelSampler",
+    "graph": "fnrl.samplers.graph:GraphSampler",
 }
 
 

@@ -1,0 +1,129 @@
+"""The graph sampler: the env's dynamics in torch, the whole [T, B] rollout one compiled call.
+
+The serial sampler pays, every env step, a call into the policy's compiled model, a
+hand-off to EnvPool's worker thread and back, and the Python that writes the step into
+the rollout. This sampler steps a functional env instead (`fnrl.envs.functional`: the
+task's dynamics as torch ops) inside a `scan` over T steps of
+
+    action, extras = act(state, obs)          # the policy: forward, sampling, log-prob, value
+    env_state, step = env.step(env_state, action)
+
+and compiles that scan, with the writes into the rollout buffer, as one AOTInductor
+model (`fnrl.aot.AotFunction`), as purejaxrl compiles its rollout with gymnax's envs.
+A collect is one call of that model: no Python, numpy or thread hand-off per step.
+
+    env = fnrl.envs.functional.make("CartPole-v1", num_envs=64, seed=0)
+    sampler = GraphSampler(env, agent.act, horizon=128)     # or fnrl train ... --sampler graph
+    rollout = sampler.collect(state)                        # [T, B], keys of fnrl.samplers.lane
+
+It serves feed-forward policies (`act(state, obs, None, explore)` returning no carry) of
+on-policy algorithms. `act` is compiled into the rollout when it is an `fnrl.aot.AotAct`
+(what `fnrl.train` makes of a compiled run's act; its `select`ed state keys are the model's
+inputs) and the scan runs eagerly otherwise (`--no-compile`). The compiled model draws the
+random numbers eager code draws (Inductor's `fallback_random`), so both give the same
+rollouts under a seed. Where the model cannot be built, a warning says so and the rollout
+runs eagerly; a state whose tensors moved or changed layout runs eagerly too.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+from tensordict import TensorDict
+from torch._higher_order_ops.scan import scan
+
+from fnrl import aot
+from fnrl.errors import ConfigError
+from fnrl.samplers.lane import STEP_KEYS, RolloutBuffer
+
+OPTIONS = {}
+"""Inductor options of the rollout model: draw what eager draws."""
+
+
+class GraphSampler:
+    """Collect [T, B] rollouts of a functional env (`fnrl.envs.functional`) in one compiled call.
+
+    env: a functional env (`reset(device) -> env state`, `step(env state, action)`, `spec`).
+    act: `act(state, obs, carry, explore) -> (action, extras, carry)` of a feed-forward policy,
+        or an `fnrl.aot.AotAct` of one (then compiled into the rollout).
+    The env state (the last observation, the physics, the episode counters) is kept between
+    collects, as the serial sampler keeps EnvPool's envs.
+    """
+
+    def __init__(self, env, act: Callable, horizon: int, device: str | torch.device = "cpu"):
+        if not (hasattr(env, "step") and hasattr(env, "reset") and hasattr(env, "dynamics")):
+            raise ConfigError("the graph sampler steps a functional env (fnrl.envs.functional.make), "
+                              f"not {type(env).__name__}")
+        self.env, self.horizon = env, horizon
+        self.device = torch.device(device)
+        self.compiled = isinstance(act, aot.AotAct)
+        self.act = act.act if self.compiled else act
+        self.keys = act.select if self.compiled else None
+        self.env_state = TensorDict(env.reset(self.device), batch_size=[env.num_envs])
+        self.buffer: RolloutBuffer | None = None
+        self.model = None
+        self._built = False
+
+    @property
+    def rollout(self) -> TensorDict | None:
+        return None if self.buffer is None else self.buffer.rollout
+
+    def _allocate(self, state: TensorDict) -> None:
+        """The rollout buffer, from one step's shapes (random numbers drawn here are given back)."""
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            obs = self.env_state["obs"]
+            action, extras, carry = self.act(state, obs, None, True)
+            if carry is not None:
+                raise ConfigError("the graph sampler serves feed-forward policies; use --sampler serial "
+                                  "for a recurrent core")
+            _, step = self.env.step(dict(self.env_state.items()), action)
+        self.buffer = RolloutBuffer(self.horizon, self.env.num_envs, obs, action, extras,
+                                    {k: step[k] for k in STEP_KEYS}, recurrent=False, device=self.device)
+
+    def _rollout(self, state: TensorDict, env_state: TensorDict, buffers: TensorDict, explore: bool = True):
+        """T steps of act + env.step as one scan; writes the rollout into `buffers` (obs [T + 1, B]
+        and the [T, B] fields) and the last env state into `env_state`, in place."""
+        act, step = self.act, self.env.step
+
+        def body(carry: dict, _):
+            action, extras, _ = act(state, carry["obs"], None, explore)
+            carry, out = step(carry, action)
+            # copies: scan results may alias neither each other nor the carry
+            return carry, {"action": action, **extras, **{k: v.clone() for k, v in out.items()}}
+
+        start = {k: v for k, v in env_state.items()}
+        last, ys = scan(body, start, torch.zeros(self.horizon, device=self.device))
+        buffers["obs"][0].copy_(start["obs"])
+        buffers["obs"][1:].copy_(ys.pop("obs"))
+        for k, v in ys.items():
+            buffers[k].copy_(v)
+        for k, v in last.items():
+            env_state[k].copy_(v)
+
+    def _buffers(self) -> TensorDict:
+        return TensorDict({"obs": self.buffer.obs, **self.buffer.fields}, batch_size=[])
+
+    @torch.no_grad()
+    def collect(self, state: TensorDict, explore: bool = True) -> TensorDict:
+        """Step the env `horizon` times; return the (reused) rollout TensorDict [T, B]."""
+        chosen = state if self.keys is None else state.select(*self.keys, strict=False)
+        if self.buffer is None:
+            self._allocate(chosen)
+        args = (chosen, self.env_state, self._buffers())
+        if self.compiled and explore and not self._built:
+            self._built = True
+            try:
+                self.model = aot.AotFunction(self._rollout, args, OPTIONS)
+            except Exception as e:   # noqa: BLE001 - whatever stops the build: the eager scan
+                first = str(e).splitlines()[0][:200] if str(e) else ""
+                warnings.warn(f"the graph sampler's rollout is not compiled ({type(e).__name__}: {first}); "
+                              "collecting eagerly", stacklevel=2)
+        if self.model is not None and explore and self.model.matches(*args):
+            self.model(*args)
+        else:
+            self._rollout(*args, explore=explore)
+        return self.buffer.rollout
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,130 @@
+"""fnrl.samplers.graph: a rollout of the functional CartPole and the policy as one compiled scan.
+
+The compiled model draws its random numbers from Inductor's generator, not eager's (Inductor's
+`fallback_random` fails inside a scan in torch 2.13), so eager and compiled rollouts are not
+compared number for number. Each is checked against what eager code computes from the rollout
+itself: every step's next observation is the env's dynamics of its observation and action (or a
+reset state after an episode end), every log-prob and value is the eager policy's, and the flags
+and episode statistics follow the step contract."""
+import pytest
+import torch
+
+from fnrl.algos import common, ppo
+from fnrl.aot import AotAct
+from fnrl.cli import main
+from fnrl.envs import functional
+from fnrl.errors import ConfigError
+from fnrl.samplers import SerialSampler, make
+from fnrl.samplers.graph import GraphSampler
+from fnrl import envs
+
+CONFIG = ppo.Config()   # the default run's shapes (8 envs x 32 steps): its rollout model is shared with
+#                         the learning test below through the package cache
+
+
+def _agent(seed=0):
+    env = functional.make(CONFIG.env_id, CONFIG.num_envs, seed=seed)
+    agent = ppo.make(CONFIG, env.spec, compile=False)
+    return env, agent, agent.init(seed)
+
+
+def check_rollout(rollout, state, env):
+    """The rollout is what eager code computes from its own observations and actions."""
+    obs, next_obs, action, valid = rollout["obs"], rollout["next_obs"], rollout["action"], rollout["valid"]
+    stepped = env.dynamics(obs.double().flatten(0, 1), action.flatten()).float().view_as(next_obs)
+    torch.testing.assert_close(next_obs[valid], stepped[valid], atol=1e-5, rtol=1e-5)
+    assert (~valid).any() and next_obs[~valid].abs().max() <= 0.05   # reset steps: fresh initial states
+    assert torch.equal(rollout["reward"], valid.float())
+    assert torch.equal(valid[1:], ~rollout["done"][:-1])   # valid[t] = not done[t - 1]
+    _, policy = common.actor_critic_policy(env.spec, CONFIG.hidden, CONFIG.activation)
+    d, value = policy(state["params"], obs)
+    torch.testing.assert_close(rollout["value"], value, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rollout["logp"], common.action_dist(env.spec).log_prob(*d, action),
+                               atol=1e-5, rtol=1e-5)
+    end = rollout["episode_end"]
+    assert torch.equal(end, rollout["done"]) and end.any()
+    assert torch.all(rollout["episode_length"][end] == rollout["episode_return"][end])
+    assert torch.all(rollout["episode_return"][~end] == 0)
+
+
+def test_rollout_keys_are_the_serial_samplers():
+    env, agent, state = _agent()
+    rollout = GraphSampler(env, agent.act, 4).collect(state)
+    serial = SerialSampler(envs.make(CONFIG.env_id, CONFIG.num_envs, seed=0), agent.act, 4)
+    reference = serial.collect(state)
+    assert set(rollout.keys()) == set(reference.keys()) and rollout.batch_size == reference.batch_size
+    for k in reference.keys():
+        assert rollout[k].dtype == reference[k].dtype, k
+    serial.close()
+
+
+def test_eager_rollout_follows_the_env_and_the_policy_and_carries_over():
+    env, agent, state = _agent()
+    sampler = make("graph", env, agent.act, CONFIG.num_steps)
+    first = sampler.collect(state).clone()
+    check_rollout(first, state, env)
+    second = sampler.collect(state)
+    assert torch.equal(second["obs"][0], first["next_obs"][-1])
+    check_rollout(second, state, env)
+
+
+def test_episode_statistics_across_collects():
+    """An episode that spans collects is counted whole: lengths and returns as one env's own count."""
+    env, agent, state = _agent()
+    sampler = GraphSampler(env, agent.act, 7)   # collects shorter than CartPole's first episodes
+    length = torch.zeros(CONFIG.num_envs)
+    for _ in range(12):
+        r = sampler.collect(state)
+        for t in range(7):
+            length = torch.where(r["valid"][t], length + 1, 0.0)
+            ended = r["episode_end"][t]
+            assert torch.equal(r["episode_length"][t][ended], length[ended])
+
+
+def test_compiled_rollout_follows_the_env_and_the_policy_is_seeded_and_built_once():
+    env, agent, state = _agent()
+    act = AotAct(agent.act, ppo.ACT_KEYS, fallback=None)
+    torch.manual_seed(0)
+    sampler = GraphSampler(env, act, CONFIG.num_steps)
+    first = sampler.collect(state).clone()
+    assert sampler.model is not None
+    model = sampler.model
+    check_rollout(first, state, env)
+    second = sampler.collect(state)
+    assert sampler.model is model and torch.equal(second["obs"][0], first["next_obs"][-1])
+    check_rollout(second, state, env)
+    torch.manual_seed(0)   # the same seed and state: the same rollout
+    again = GraphSampler(functional.make(CONFIG.env_id, CONFIG.num_envs, seed=0), act, CONFIG.num_steps)
+    assert (again.collect(state) == first).all()
+
+
+def test_errors():
+    env, agent, state = _agent()
+    with pytest.raises(ConfigError, match="steps a functional env"):
+        GraphSampler(envs.make("CartPole-v1", 2, seed=0), agent.act, 4)
+    rnn = ppo.Config(core="lstm", core_size=8, hidden=(8,))
+    recurrent = ppo.make(rnn, env.spec, compile=False)
+    with pytest.raises(ConfigError, match="serves feed-forward policies"):
+        GraphSampler(env, recurrent.act, 4).collect(recurrent.init(0))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ppo", "--env", "Acrobot-v1"], "'Acrobot-v1' has no torch version for --sampler graph"),
+    (["dqn"], "--sampler graph collects on-policy rollouts (a2c, ppo), not dqn's"),
+])
+def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
+    assert main(["train", *argv, "--sampler", "graph", "--no-compile", "--quiet", "--log-dir",
+                 str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_ppo_default_run_solves_cartpole_with_the_graph_sampler(tmp_path):
+    """`fnrl train ppo --sampler graph`: return_mean >= 475 within 100k env steps (the run stops there)."""
+    from fnrl.train import train
+
+    result = train("ppo", None, seed=1, log_dir=tmp_path / "run", quiet=True, tensorboard=False, plot=False,
+                   stop_return=475, sampler="graph")
+    assert result.history[-1]["env_steps"] <= 100_352
+    assert result.return_mean >= 475
