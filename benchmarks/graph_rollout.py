@@ -17,9 +17,9 @@ process (the host's speed drifts between runs, not between neighbouring rounds):
 - `raw functional`: 128 random-action steps of the functional CartPole in the same kind of
   compiled scan, no policy (the graph sampler's own ceiling).
 
-Then whole PPO iterations at purejaxrl's and CleanRL's shapes (collect + the compiled
-update, 4 epochs x 4 minibatches, the update on `fnrl.train`'s threads), serial vs graph,
-alternating, with the same update function and parameters: env steps per second.
+Then whole PPO iterations (collect + the compiled update, on `fnrl.train`'s threads) at
+`fnrl train ppo`'s default shapes, CleanRL's and purejaxrl's, serial vs graph, alternating,
+with the same update function and parameters: env steps per second.
 
     python benchmarks/graph_rollout.py [--rounds 15] [--envs 4,64] [--out benchmarks/graph_rollout.md]
 """
@@ -173,21 +173,34 @@ def rollout_rounds(num_envs: int, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
-def iteration_rounds(num_envs: int, rounds: int) -> dict[str, float]:
-    """Median ms per PPO iteration (collect + compiled update) with each sampler, alternating."""
-    config, agent, state = _agent(num_envs)
-    update = ppo.make(config, envs.env_spec("CartPole-v1", num_envs), compile=True).update
+ITERATIONS = {
+    "`fnrl train ppo`'s default (8 x 32, 20 x 1)": dict(env_id="CartPole-v1"),
+    "CleanRL ppo.py (4 x 128, 4 x 4)": dict(SETTINGS, num_envs=4),
+    "purejaxrl (64 x 128, 4 x 4)": dict(SETTINGS, num_envs=64),
+}
+"""PPO settings of the iteration rounds: envs x steps, epochs x minibatches."""
+
+
+def iteration_rounds(settings: dict, rounds: int) -> tuple[dict[str, float], int]:
+    """(median ms per PPO iteration (collect + compiled update) with each sampler, alternating;
+    env steps per iteration)."""
+    config = ppo.Config(**settings)
+    n, steps = config.num_envs, config.num_steps
+    spec = envs.env_spec("CartPole-v1", n)
+    agent = ppo.make(config, spec, compile=False)
+    state = agent.init(0)
+    update = ppo.make(config, spec, compile=True).update
     threads = update_threads_for(config, False, 1, 1, False)
     act = AotAct(agent.act, ppo.ACT_KEYS, fallback=None)
-    samplers = {"serial + EnvPool": SerialSampler(envs.make("CartPole-v1", num_envs, seed=0), act, T),
-                "graph sampler": GraphSampler(functional.make("CartPole-v1", num_envs, seed=0), act, T)}
+    samplers = {"serial + EnvPool": SerialSampler(envs.make("CartPole-v1", n, seed=0), act, steps),
+                "graph sampler": GraphSampler(functional.make("CartPole-v1", n, seed=0), act, steps)}
     states = {k: state.clone() for k in samplers}
     times = {k: [] for k in samplers}
     stance = _HeldStance()
 
     def iteration(name):
         rollout = samplers[name].collect(states[name])
-        states[name]["env_steps"].add_(num_envs * T)
+        states[name]["env_steps"].add_(n * steps)
         with _intra_op_threads(threads):
             states[name], _ = update(states[name], rollout)
 
@@ -204,7 +217,7 @@ def iteration_rounds(num_envs: int, rounds: int) -> dict[str, float]:
     finally:
         stance.release()
     samplers["serial + EnvPool"].close()
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}, n * steps
 
 
 def main() -> None:
@@ -232,14 +245,14 @@ def main() -> None:
         lines.append(f"| {n} | {s:.2f} | {o:.2f} | {g:.2f} | {r:.2f} | {f:.2f} | {s / r:.2f}x | {o / s:.2f}x | "
                      f"{g / s:.2f}x | {g / r:.2f}x | {g / f:.1f}x | {n * T / g * 1e3:,.0f} |")
         print(lines[-1], flush=True)
-    lines += ["", "PPO iterations (collect + compiled update, 4 epochs x 4 minibatches), ms, medians of alternating "
-              "rounds, and the env steps per second they give:", "",
-              "| envs x steps | serial + EnvPool | graph sampler | serial SPS | graph SPS | graph / serial |",
+    lines += ["", "PPO iterations (collect + compiled update; envs x steps, epochs x minibatches), ms, medians of "
+              "alternating rounds, and the env steps per second they give:", "",
+              "| settings | serial + EnvPool | graph sampler | serial SPS | graph SPS | graph / serial |",
               "|---|---:|---:|---:|---:|---:|"]
-    for n in sizes:
-        m = iteration_rounds(n, args.rounds)
+    for name, settings in ITERATIONS.items():
+        m, steps = iteration_rounds(settings, args.rounds)
         s, g = m["serial + EnvPool"], m["graph sampler"]
-        lines.append(f"| {n} x {T} | {s:.1f} | {g:.1f} | {n * T / s * 1e3:,.0f} | {n * T / g * 1e3:,.0f} | "
+        lines.append(f"| {name} | {s:.1f} | {g:.1f} | {steps / s * 1e3:,.0f} | {steps / g * 1e3:,.0f} | "
                      f"{s / g:.2f}x |")
         print(lines[-1], flush=True)
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
