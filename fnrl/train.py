@@ -376,9 +376,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         config = dataclasses.replace(config, total_steps=-(-config.total_steps // world.size))
     if sampler != "async":
         samplers.load(sampler)   # an unknown name: one line listing the choices
-    if sampler == "graph" and (off_policy or getattr(module, "RUNTIME", "serial") != "serial"):
-        raise ConfigError(f"--sampler graph collects on-policy rollouts (a2c, ppo), not {name}'s; "
-                          "drop --sampler")
+    if sampler == "graph":
+        from fnrl.samplers.graph import check_feed_forward
+
+        check_feed_forward(name, module, config)
     if threads is not None:
         torch.set_num_threads(threads)
     if update_threads is not None and update_threads < 1:

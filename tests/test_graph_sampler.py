@@ -110,7 +110,9 @@ def test_errors():
 
 @pytest.mark.parametrize("argv, message", [
     (["ppo", "--env", "Acrobot-v1"], "'Acrobot-v1' has no torch version for --sampler graph"),
-    (["dqn"], "--sampler graph collects on-policy rollouts (a2c, ppo), not dqn's"),
+    (["ppo", "--core", "lstm"], "--sampler graph serves feed-forward policies; drop --core lstm"),
+    (["r2d1"], "--sampler graph serves feed-forward policies and r2d1's is recurrent"),
+    (["sac", "--env", "CartPole-v1"], "sac needs a continuous action space"),
 ])
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
     assert main(["train", *argv, "--sampler", "graph", "--no-compile", "--quiet", "--log-dir",
@@ -128,3 +130,19 @@ def test_ppo_default_run_solves_cartpole_with_the_graph_sampler(tmp_path):
                    stop_return=475, sampler="graph")
     assert result.history[-1]["env_steps"] <= 100_352
     assert result.return_mean >= 475
+
+
+@pytest.mark.slow
+def test_dqn_learns_cartpole_with_the_graph_sampler(tmp_path):
+    """The DQN family's loop takes the graph sampler's rollouts as any other: dqn's default run reaches
+    the return its serial learning test asks for (tests/test_learning_dqn.py) in the same budget."""
+    import dataclasses
+
+    from fnrl.algos import default_config
+    from fnrl.train import train
+
+    config = dataclasses.replace(default_config("dqn"), total_steps=100_000)
+    result = train("dqn", config, seed=0, log_dir=tmp_path / "run", quiet=True, log_interval=2_000,
+                   tensorboard=False, plot=False, stop_return=450, sampler="graph")
+    assert result.history[-1]["env_steps"] <= 100_000 + config.num_envs * config.num_steps
+    assert max(r["return_mean"] for r in result.history if r["return_mean"] == r["return_mean"]) >= 450

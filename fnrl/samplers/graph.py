@@ -16,8 +16,9 @@ A collect is one call of that model: no Python, numpy or thread hand-off per ste
     sampler = GraphSampler(env, agent.act, horizon=128)     # or fnrl train ... --sampler graph
     rollout = sampler.collect(state)                        # [T, B], keys of fnrl.samplers.lane
 
-It serves feed-forward policies (`act(state, obs, None, explore)` returning no carry) of
-on-policy algorithms. `act` is compiled into the rollout when it is an `fnrl.aot.AotAct`
+It serves feed-forward policies (`act(state, obs, None, explore)` returning no carry):
+PPO and A2C, and the off-policy algorithms whose rollouts go into a row replay (the DQN
+family on CartPole; their replay add and updates run as with any sampler). `act` is compiled into the rollout when it is an `fnrl.aot.AotAct`
 (what `fnrl.train` makes of a compiled run's act; its `select`ed state keys are the model's
 inputs) and the scan runs eagerly otherwise (`--no-compile`). The compiled model draws the
 random numbers eager code draws (Inductor's `fallback_random`), so both give the same
@@ -39,6 +40,17 @@ from fnrl.samplers.lane import STEP_KEYS, RolloutBuffer
 
 OPTIONS = {}
 """Inductor options of the rollout model: draw what eager draws."""
+
+
+def check_feed_forward(algo: str, module, config) -> None:
+    """ConfigError, before any work, for a run the graph sampler cannot serve: a recurrent
+    policy (`--core`, or R2D1's); the envs it needs are checked by `fnrl.envs.functional.make`."""
+    if getattr(module, "REPLAY", None) == "sequence":
+        raise ConfigError(f"--sampler graph serves feed-forward policies and {algo}'s is recurrent; "
+                          "use --sampler serial")
+    core = getattr(config, "core", "none")
+    if core != "none":
+        raise ConfigError(f"--sampler graph serves feed-forward policies; drop --core {core} or use --sampler serial")
 
 
 class GraphSampler:
