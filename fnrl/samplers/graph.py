@@ -18,12 +18,16 @@ A collect is one call of that model: no Python, numpy or thread hand-off per ste
 
 It serves feed-forward policies (`act(state, obs, None, explore)` returning no carry):
 PPO and A2C, and the off-policy algorithms whose rollouts go into a row replay (the DQN
-family on CartPole; their replay add and updates run as with any sampler). `act` is compiled into the rollout when it is an `fnrl.aot.AotAct`
-(what `fnrl.train` makes of a compiled run's act; its `select`ed state keys are the model's
-inputs) and the scan runs eagerly otherwise (`--no-compile`). The compiled model draws the
-random numbers eager code draws (Inductor's `fallback_random`), so both give the same
-rollouts under a seed. Where the model cannot be built, a warning says so and the rollout
-runs eagerly; a state whose tensors moved or changed layout runs eagerly too.
+family on CartPole; their replay add and updates run as with any sampler). `act` is
+compiled into the rollout when it is an `fnrl.aot.AotAct` (what `fnrl.train` makes of a
+compiled run's act; its `select`ed state keys are the model's inputs), and the scan runs
+eagerly otherwise (`--no-compile`).
+
+Randomness: the compiled model draws from Inductor's generator, seeded from torch's global
+one, so a run is reproducible under a seed, but its numbers are not the ones eager code
+draws (Inductor's `fallback_random`, which would draw those, fails inside a scan in torch
+2.13). Where the model cannot be built, a warning says so and the rollout runs eagerly; a
+state whose tensors changed layout runs eagerly too.
 """
 from __future__ import annotations
 
@@ -38,8 +42,8 @@ from fnrl import aot
 from fnrl.errors import ConfigError
 from fnrl.samplers.lane import STEP_KEYS, RolloutBuffer
 
-OPTIONS = {}
-"""Inductor options of the rollout model: draw what eager draws."""
+OPTIONS: dict = {}
+"""Inductor options of the rollout model."""
 
 
 def check_feed_forward(algo: str, module, config) -> None:
