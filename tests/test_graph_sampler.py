@@ -28,23 +28,29 @@ def _agent(seed=0):
     return env, agent, agent.init(seed)
 
 
-def check_rollout(rollout, state, env):
+PHYSICS_OF = {   # the env's physics from its observation (float32-rounded)
+    "CartPole-v1": lambda obs: obs.double(),
+    "Pendulum-v1": lambda obs: torch.stack([torch.atan2(obs[..., 1], obs[..., 0]), obs[..., 2]], -1).double(),
+}
+
+
+def check_rollout(rollout, state, env, config=CONFIG):
     """The rollout is what eager code computes from its own observations and actions."""
     obs, next_obs, action, valid = rollout["obs"], rollout["next_obs"], rollout["action"], rollout["valid"]
-    stepped = env.dynamics(obs.double().flatten(0, 1), action.flatten()).float().view_as(next_obs)
+    moved, reward, _ = env.transition(PHYSICS_OF[env.spec.env_id](obs.flatten(0, 1)), action.flatten(0, 1))
+    stepped = env.observe(moved).view_as(next_obs)
     torch.testing.assert_close(next_obs[valid], stepped[valid], atol=1e-5, rtol=1e-5)
-    assert (~valid).any() and next_obs[~valid].abs().max() <= 0.05   # reset steps: fresh initial states
-    assert torch.equal(rollout["reward"], valid.float())
+    torch.testing.assert_close(rollout["reward"][valid], reward.float().view_as(valid)[valid], atol=1e-4, rtol=1e-5)
+    assert (~valid).any() and torch.all(rollout["reward"][~valid] == 0)   # reset steps
     assert torch.equal(valid[1:], ~rollout["done"][:-1])   # valid[t] = not done[t - 1]
-    _, policy = common.actor_critic_policy(env.spec, CONFIG.hidden, CONFIG.activation)
+    _, policy = common.actor_critic_policy(env.spec, config.hidden, config.activation)
     d, value = policy(state["params"], obs)
     torch.testing.assert_close(rollout["value"], value, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rollout["logp"], common.action_dist(env.spec).log_prob(*d, action),
                                atol=1e-5, rtol=1e-5)
     end = rollout["episode_end"]
     assert torch.equal(end, rollout["done"]) and end.any()
-    assert torch.all(rollout["episode_length"][end] == rollout["episode_return"][end])
-    assert torch.all(rollout["episode_return"][~end] == 0)
+    assert torch.all(rollout["episode_return"][~end] == 0) and torch.all(rollout["episode_length"][~end] == 0)
 
 
 def test_rollout_keys_are_the_serial_samplers():
@@ -98,6 +104,20 @@ def test_compiled_rollout_follows_the_env_and_the_policy_is_seeded_and_built_onc
     assert (again.collect(state) == first).all()
 
 
+def test_compiled_pendulum_rollout_follows_the_env_and_a_gaussian_policy():
+    """Continuous actions: the Gaussian policy's samples, beyond the torque bounds too, clipped by the env."""
+    config = ppo.Config(env_id="Pendulum-v1", num_envs=4, num_steps=64)
+    env = functional.make("Pendulum-v1", 4, seed=0)
+    agent = ppo.make(config, env.spec, compile=False)
+    state = agent.init(0)
+    sampler = GraphSampler(env, AotAct(agent.act, ppo.ACT_KEYS, fallback=None), 64)
+    for _ in range(4):   # 256 steps: past the 200-step time limit
+        rollout = sampler.collect(state)
+        assert sampler.model is not None
+    check_rollout(rollout, state, env, config)
+    assert rollout["truncated"].any() and not rollout["terminated"].any()
+
+
 def test_errors():
     env, agent, state = _agent()
     with pytest.raises(ConfigError, match="steps a functional env"):
@@ -109,10 +129,10 @@ def test_errors():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["ppo", "--env", "Acrobot-v1"], "'Acrobot-v1' has no torch version for --sampler graph"),
     (["ppo", "--core", "lstm"], "--sampler graph serves feed-forward policies; drop --core lstm"),
     (["r2d1"], "--sampler graph serves feed-forward policies and r2d1's is recurrent"),
     (["sac", "--env", "CartPole-v1"], "sac needs a continuous action space"),
+    (["ppo", "--env", "Acrobot-v1"], "'Acrobot-v1' has no torch version for --sampler graph"),
 ])
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
     assert main(["train", *argv, "--sampler", "graph", "--no-compile", "--quiet", "--log-dir",
@@ -146,3 +166,18 @@ def test_dqn_learns_cartpole_with_the_graph_sampler(tmp_path):
                    tensorboard=False, plot=False, stop_return=450, sampler="graph")
     assert result.history[-1]["env_steps"] <= 100_000 + config.num_envs * config.num_steps
     assert max(r["return_mean"] for r in result.history if r["return_mean"] == r["return_mean"]) >= 450
+
+
+@pytest.mark.slow
+def test_sac_learns_pendulum_with_the_graph_sampler(tmp_path):
+    """sac's default Pendulum run through the graph sampler reaches its serial learning test's
+    threshold (tests/test_learning_qpg.py) in the same budget."""
+    import dataclasses
+
+    from fnrl.algos import default_config
+    from fnrl.train import train
+
+    config = dataclasses.replace(default_config("sac"), env_id="Pendulum-v1", total_steps=20_000)
+    result = train("sac", config, seed=0, log_dir=tmp_path / "run", quiet=True, log_interval=2_000,
+                   tensorboard=False, plot=False, stop_return=-250, sampler="graph")
+    assert result.return_mean >= -250, [round(r["return_mean"]) for r in result.history]

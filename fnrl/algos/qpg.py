@@ -316,6 +316,10 @@ def make(config: Config, spec: EnvSpec) -> Agent:
     else:
         low, high = spec.action_low.float(), spec.action_high.float()
     center, half = (high + low) / 2, (high - low) / 2
+    if bool((center == center[0]).all() and (half == half[0]).all()):
+        # the same bounds in every dimension (MuJoCo's, Pendulum's): Python numbers, which a rollout
+        # traced as one graph (fnrl.samplers.graph) can hold, where it cannot close over a tensor
+        center, half = float(center[0]), float(half[0])
     target_entropy = -float(d) if config.target_entropy is None else float(config.target_entropy)
     support = torch.linspace(config.v_min, config.v_max, config.num_atoms) if config.distributional else None
     target_keys = ("critic",) if sac else ("actor", "critic")
@@ -325,14 +329,19 @@ def make(config: Config, spec: EnvSpec) -> Agent:
     rates = {"actor": config.actor_lr, "critic": config.critic_lr, "log_alpha": config.alpha_lr}
     opt = optim.chain(optim.scale_by_adam(), scale_by_group_learning_rate(rates))
 
+    def bounds(a):
+        """(center, half range) of the action space: numbers, or [D] tensors on `a`'s device."""
+        return (center, half) if isinstance(center, float) else (center.to(a.device), half.to(a.device))
+
     def to_env(a):
         """[-1, 1] -> env units, clipped to the bounds."""
-        c, h = center.to(a.device), half.to(a.device)
-        return torch.minimum(torch.maximum(c + h * a, c - h), c + h)
+        c, h = bounds(a)
+        return (c + h * a).clamp(c - h, c + h)
 
     def to_unit(a):
         """env units -> [-1, 1]."""
-        return ((a - center.to(a.device)) / half.to(a.device)).clamp(-1.0, 1.0)
+        c, h = bounds(a)
+        return ((a - c) / h).clamp(-1.0, 1.0)
 
     def observe(state, obs):
         return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs

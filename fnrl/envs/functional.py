@@ -3,7 +3,7 @@
 purejaxrl's speed comes from the environment living inside the same compiled program as
 the policy: a whole [T, B] rollout is one call, with no Python, no thread hand-off and no
 numpy conversion per step. This module gives fnrl that option for the classic-control
-tasks whose dynamics are a few elementwise ops. An env here is a pair of pure functions
+tasks whose dynamics are a few elementwise ops: CartPole-v1 and Pendulum-v1. An env here is a pair of pure functions
 over a dict of [B] tensors (its state):
 
     env = functional.make("CartPole-v1", num_envs=64, seed=0)
@@ -23,7 +23,6 @@ steps both side by side); the random initial states differ from EnvPool's and gy
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -33,19 +32,83 @@ from fnrl.errors import ConfigError
 State = dict[str, torch.Tensor]
 
 
-@dataclass(frozen=True)
-class CartPole:
-    """gymnasium's CartPole-v1 (Barto, Sutton & Anderson 1983) for `num_envs` envs.
+class FunctionalEnv:
+    """`num_envs` envs of one task as pure functions over a dict of [B] tensors (the env state).
 
-    Physics [B, 4] float64 = (x, x_dot, theta, theta_dot); Euler steps of tau = 0.02 s with a
-    force of +-10 N (action 1 pushes right). The episode terminates when |x| > 2.4 or
-    |theta| > 12 degrees and is truncated after 500 steps; every step before the reset earns 1.
-    Reset states are uniform in [-0.05, 0.05]^4."""
+    A task gives its physics (a [B, P] float64 tensor, `physics_size` = P) through three methods:
 
-    num_envs: int
-    seed: int | None = None
-    max_episode_steps: int = 500
+        initial(like, generator) -> physics          # fresh episode starts, shaped like `like`
+        transition(physics, action) -> (physics', reward [B] float64, out of bounds [B] bool)
+        observe(physics) -> obs [B, *obs] float32
 
+    and its `spec`; this class adds fnrl's step contract around them (`step`)."""
+
+    physics_size: int
+    max_episode_steps: int
+
+    def __init__(self, num_envs: int, seed: int | None = None, max_episode_steps: int | None = None):
+        self.num_envs, self.seed = num_envs, seed
+        if max_episode_steps is not None:
+            self.max_episode_steps = max_episode_steps
+
+    def reset(self, device="cpu") -> State:
+        """Every env at a fresh initial state (drawn with `seed`'s generator where one is set)."""
+        B = self.num_envs
+        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed)
+        physics = self.initial(torch.empty(B, self.physics_size, dtype=torch.float64), generator).to(device)
+        zeros = torch.zeros(B, device=device)
+        return {"obs": self.observe(physics), "physics": physics, "elapsed": zeros.clone(),
+                "ended": torch.zeros(B, dtype=torch.bool, device=device),
+                "ep_return": torch.zeros(B, dtype=torch.float64, device=device), "ep_length": zeros.clone()}
+
+    def step(self, state: State, action: torch.Tensor) -> tuple[State, State]:
+        """All envs one step: (the next state, the step's [B] tensors; keys in fnrl.envs.batched).
+
+        With `ended` the previous step's `done` (the envs that reset on this step):
+
+            physics', r, out = initial, 0, False  where ended,  transition(physics, action) elsewhere
+            valid = not ended,   elapsed' = valid (elapsed + 1)
+            terminated = valid and out,   truncated = valid and elapsed' >= max_episode_steps, not terminated
+            R' = valid (R + r),   episode_return = R' [done]   (the length likewise, counting valid steps)"""
+        ended = state["ended"]
+        valid = ~ended
+        moved, reward, out = self.transition(state["physics"], action)
+        physics = torch.where(ended[:, None], self.initial(state["physics"]), moved)
+        reward = torch.where(valid, reward, 0.0).float()
+        elapsed = torch.where(valid, state["elapsed"] + 1, 0.0)
+        terminated = valid & out
+        truncated = valid & (elapsed >= self.max_episode_steps) & ~terminated
+        done = terminated | truncated
+        ep_return = torch.where(valid, state["ep_return"] + reward.double(), 0.0)   # summed as fnrl.envs.batched sums
+        ep_length = torch.where(valid, state["ep_length"] + 1, 0.0)
+        obs = self.observe(physics)
+        step = {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated, "done": done,
+                "valid": valid, "episode_end": done, "episode_return": (ep_return * done).float(),
+                "episode_length": ep_length * done}
+        return ({"obs": obs, "physics": physics, "elapsed": elapsed, "ended": done, "ep_return": ep_return,
+                 "ep_length": ep_length}, step)
+
+
+def _uniform(like: torch.Tensor, high: float, generator=None) -> torch.Tensor:
+    """Uniform in [-high, high], shaped like `like` (float64; from `generator` where one is given,
+    else from torch's global generator, as a traced step draws)."""
+    if generator is None:
+        u = torch.rand_like(like, dtype=torch.float64)
+    else:
+        u = torch.rand(like.shape, dtype=torch.float64, device=like.device, generator=generator)
+    return (2 * u - 1) * high
+
+
+class CartPole(FunctionalEnv):
+    """gymnasium's CartPole-v1 (Barto, Sutton & Anderson 1983).
+
+    Physics [B, 4] = (x, x_dot, theta, theta_dot); Euler steps of tau = 0.02 s with a force of
+    +-10 N (action 1 pushes right). The episode terminates when |x| > 2.4 or |theta| > 12
+    degrees and is truncated after 500 steps; every step before the reset earns 1. Initial
+    states are uniform in [-0.05, 0.05]^4."""
+
+    physics_size = 4
+    max_episode_steps = 500
     gravity = 9.8
     masscart = 1.0
     masspole = 0.1
@@ -61,9 +124,11 @@ class CartPole:
                        action_shape=(), action_dtype=torch.int64, num_actions=2,
                        max_episode_steps=self.max_episode_steps)
 
-    def _initial(self, like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        u = torch.rand(like.shape, dtype=torch.float64, device=like.device, generator=generator)
-        return u * 0.1 - 0.05
+    def initial(self, like, generator=None):
+        return _uniform(like, 0.05, generator)
+
+    def observe(self, physics):
+        return physics.float()
 
     def dynamics(self, physics: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """One Euler step of gymnasium's equations: [B, 4] float64, [B] -> [B, 4]."""
@@ -79,48 +144,57 @@ class CartPole:
         return torch.stack([x + self.tau * x_dot, x_dot + self.tau * x_acc,
                             theta + self.tau * theta_dot, theta_dot + self.tau * theta_acc], dim=-1)
 
-    def reset(self, device="cpu") -> State:
-        """Every env at a fresh initial state (drawn with `seed`'s generator where one is set)."""
-        B = self.num_envs
-        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed)
-        physics = self._initial(torch.empty(B, 4, dtype=torch.float64), generator).to(device)
-        zeros = torch.zeros(B, device=device)
-        return {"obs": physics.float(), "physics": physics, "elapsed": zeros.clone(),
-                "ended": torch.zeros(B, dtype=torch.bool, device=device), "ep_return": zeros.clone(),
-                "ep_length": zeros.clone()}
-
-    def step(self, state: State, action: torch.Tensor) -> tuple[State, State]:
-        """All envs one step: (the next state, the step's [B] tensors; keys in fnrl.envs.batched).
-
-        With `ended` the previous step's `done` (the envs that reset on this step):
-
-            physics' = initial  where ended,  dynamics(physics, action) elsewhere
-            valid = not ended,   reward = valid,   elapsed' = valid (elapsed + 1)
-            terminated = valid and out of bounds(physics'),   truncated = valid and elapsed' >= 500, not terminated
-            R' = R [not ended] + reward,   episode_return = R' [done]   (and the length likewise)"""
-        ended = state["ended"]
-        valid = ~ended
-        physics = torch.where(ended[:, None], self._initial(state["physics"]),
-                              self.dynamics(state["physics"], action))
-        x, theta = physics[:, 0], physics[:, 2]
-        out_of_bounds = (x.abs() > self.x_threshold) | (theta.abs() > self.theta_threshold)
-        reward = valid.float()
-        elapsed = torch.where(valid, state["elapsed"] + 1, 0.0)
-        terminated = valid & out_of_bounds
-        truncated = valid & (elapsed >= self.max_episode_steps) & ~terminated
-        done = terminated | truncated
-        ep_return = torch.where(valid, state["ep_return"] + reward, 0.0)
-        ep_length = torch.where(valid, state["ep_length"] + 1, 0.0)
-        obs = physics.float()
-        step = {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated, "done": done,
-                "valid": valid, "episode_end": done, "episode_return": ep_return * done,
-                "episode_length": ep_length * done}
-        return ({"obs": obs, "physics": physics, "elapsed": elapsed, "ended": done, "ep_return": ep_return,
-                 "ep_length": ep_length}, step)
+    def transition(self, physics, action):
+        moved = self.dynamics(physics, action)
+        out = (moved[:, 0].abs() > self.x_threshold) | (moved[:, 2].abs() > self.theta_threshold)
+        return moved, torch.ones_like(moved[:, 0]), out
 
 
-ENVS = {"CartPole-v1": CartPole}
-"""Env ids with a functional form: id -> class `(num_envs, seed)`."""
+class Pendulum(FunctionalEnv):
+    """gymnasium's Pendulum-v1: swing a pendulum up with a torque in [-2, 2].
+
+    Physics [B, 2] = (theta, theta_dot), theta 0 upright; observations (cos theta, sin theta,
+    theta_dot). Per step of dt = 0.05 s, with the torque u clipped to [-2, 2]:
+
+        reward = -(normalize(theta)^2 + 0.1 theta_dot^2 + 0.001 u^2)
+        theta_dot' = clip(theta_dot + (3 g / 2 l sin theta + 3 / (m l^2) u) dt, -8, 8),  theta' = theta + theta_dot' dt
+
+    (g = 10, m = l = 1). It never terminates and is truncated after 200 steps; initial states
+    are uniform in [-pi, pi] x [-1, 1]."""
+
+    physics_size = 2
+    max_episode_steps = 200
+    g, m, l, dt = 10.0, 1.0, 1.0, 0.05
+    max_speed, max_torque = 8.0, 2.0
+
+    @property
+    def spec(self) -> EnvSpec:
+        bound = torch.tensor([self.max_torque])
+        return EnvSpec(env_id="Pendulum-v1", num_envs=self.num_envs, obs_shape=(3,), obs_dtype=torch.float32,
+                       action_shape=(1,), action_dtype=torch.float32, action_low=-bound, action_high=bound,
+                       max_episode_steps=self.max_episode_steps)
+
+    def initial(self, like, generator=None):
+        u = _uniform(like, 1.0, generator)
+        return torch.stack([u[:, 0] * math.pi, u[:, 1]], dim=-1)
+
+    def observe(self, physics):
+        theta, theta_dot = physics.unbind(-1)
+        return torch.stack([torch.cos(theta), torch.sin(theta), theta_dot], dim=-1).float()
+
+    def transition(self, physics, action):
+        theta, theta_dot = physics.unbind(-1)
+        u = action[:, 0].to(physics.dtype).clamp(-self.max_torque, self.max_torque)
+        normalized = torch.remainder(theta + math.pi, 2 * math.pi) - math.pi
+        cost = normalized.square() + 0.1 * theta_dot.square() + 0.001 * u.square()
+        accel = 3 * self.g / (2 * self.l) * torch.sin(theta) + 3.0 / (self.m * self.l ** 2) * u
+        theta_dot = (theta_dot + accel * self.dt).clamp(-self.max_speed, self.max_speed)
+        moved = torch.stack([theta + theta_dot * self.dt, theta_dot], dim=-1)
+        return moved, -cost, torch.zeros_like(theta, dtype=torch.bool)
+
+
+ENVS = {"CartPole-v1": CartPole, "Pendulum-v1": Pendulum}
+"""Env ids with a functional form: id -> class `(num_envs, seed, max_episode_steps=None)`."""
 
 
 def available() -> list[str]:

@@ -18,7 +18,7 @@ A collect is one call of that model: no Python, numpy or thread hand-off per ste
 
 It serves feed-forward policies (`act(state, obs, None, explore)` returning no carry):
 PPO and A2C, and the off-policy algorithms whose rollouts go into a row replay (the DQN
-family on CartPole; their replay add and updates run as with any sampler). `act` is
+family on CartPole, DDPG / TD3 / SAC on Pendulum; their replay add and updates run as with any sampler). `act` is
 compiled into the rollout when it is an `fnrl.aot.AotAct` (what `fnrl.train` makes of a
 compiled run's act; its `select`ed state keys are the model's inputs), and the scan runs
 eagerly otherwise (`--no-compile`).
@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from torch._higher_order_ops.scan import scan
 
 from fnrl import aot
+from fnrl.envs.functional import FunctionalEnv
 from fnrl.errors import ConfigError
 from fnrl.samplers.lane import STEP_KEYS, RolloutBuffer
 
@@ -68,7 +69,7 @@ class GraphSampler:
     """
 
     def __init__(self, env, act: Callable, horizon: int, device: str | torch.device = "cpu"):
-        if not (hasattr(env, "step") and hasattr(env, "reset") and hasattr(env, "dynamics")):
+        if not isinstance(env, FunctionalEnv):
             raise ConfigError("the graph sampler steps a functional env (fnrl.envs.functional.make), "
                               f"not {type(env).__name__}")
         self.env, self.horizon = env, horizon
