@@ -33,9 +33,16 @@ def _pendulum_actions(physics, rng):
     return rng.uniform(-3.0, 3.0, (len(physics), 1)).astype(np.float32)
 
 
-@pytest.mark.parametrize("env_id, actions, limit", [("CartPole-v1", _cartpole_actions, 40),
-                                                    ("Pendulum-v1", _pendulum_actions, 25)])
-def test_steps_as_gymnasium_through_fnrls_adaptor(env_id, actions, limit):
+def _mountain_car_actions(physics, rng):
+    """Even envs push along their velocity (they reach the goal), odd ones act at random."""
+    pump = np.where(physics[:, 1] >= 0, 2, 0)
+    return np.where(np.arange(len(physics)) % 2 == 0, pump, rng.integers(0, 3, len(physics)))
+
+
+@pytest.mark.parametrize("env_id, actions, limit, terminates", [
+    ("CartPole-v1", _cartpole_actions, 40, True), ("Pendulum-v1", _pendulum_actions, 25, False),
+    ("MountainCar-v0", _mountain_car_actions, 150, True)])
+def test_steps_as_gymnasium_through_fnrls_adaptor(env_id, actions, limit, terminates):
     """The same actions through both, gymnasium's envs put in the functional env's initial states (and
     its reset states after every episode): the observations agree to float32 rounding, rewards and
     returns to float32's, every flag and length exactly, across terminations, time-limit
@@ -66,7 +73,7 @@ def test_steps_as_gymnasium_through_fnrls_adaptor(env_id, actions, limit):
         seen["terminated"] += int(ref["terminated"].sum())
         seen["truncated"] += int(ref["truncated"].sum())
         seen["reset"] += int((~ref["valid"]).sum())
-    assert seen["truncated"] and seen["reset"] and (seen["terminated"] > 0) == (env_id == "CartPole-v1"), seen
+    assert seen["truncated"] and seen["reset"] and (seen["terminated"] > 0) == terminates, seen
     gym_envs.close()
 
 
@@ -80,6 +87,6 @@ def test_reset_states_are_seeded_and_in_range():
 
 def test_unknown_env_is_one_line():
     with pytest.raises(ConfigError, match="'Acrobot-v1' has no torch version for --sampler graph; it has one "
-                                          "for: CartPole-v1, Pendulum-v1") as e:
+                                          "for: CartPole-v1, Pendulum-v1, MountainCar-v0") as e:
         functional.make("Acrobot-v1", 4)
     assert len(str(e.value).splitlines()) == 1

@@ -3,8 +3,8 @@
 purejaxrl's speed comes from the environment living inside the same compiled program as
 the policy: a whole [T, B] rollout is one call, with no Python, no thread hand-off and no
 numpy conversion per step. This module gives fnrl that option for the classic-control
-tasks whose dynamics are a few elementwise ops: CartPole-v1 and Pendulum-v1. An env here is a pair of pure functions
-over a dict of [B] tensors (its state):
+tasks whose dynamics are a few elementwise ops (CartPole-v1, Pendulum-v1, MountainCar-v0).
+An env here is a pair of pure functions over a dict of [B] tensors (its state):
 
     env = functional.make("CartPole-v1", num_envs=64, seed=0)
     state = env.reset()                             # {"obs": [B, 4], "physics": [B, 4], ...}
@@ -193,7 +193,46 @@ class Pendulum(FunctionalEnv):
         return moved, -cost, torch.zeros_like(theta, dtype=torch.bool)
 
 
-ENVS = {"CartPole-v1": CartPole, "Pendulum-v1": Pendulum}
+class MountainCar(FunctionalEnv):
+    """gymnasium's MountainCar-v0 (Moore 1990): drive an underpowered car up the right hill.
+
+    Physics [B, 2] = (position, velocity); actions 0 / 1 / 2 push left / not / right. Per step:
+
+        velocity' = clip(velocity + (action - 1) 0.001 - 0.0025 cos(3 position), -0.07, 0.07)
+        position' = clip(position + velocity', -1.2, 0.6),   velocity' = 0 where position' = -1.2 and velocity' < 0
+
+    Every step earns -1; the episode terminates at position >= 0.5 (with velocity >= 0) and is
+    truncated after 200 steps. Initial positions are uniform in [-0.6, -0.4], at rest."""
+
+    physics_size = 2
+    max_episode_steps = 200
+    force, gravity, max_speed = 0.001, 0.0025, 0.07
+    min_position, max_position, goal_position = -1.2, 0.6, 0.5
+
+    @property
+    def spec(self) -> EnvSpec:
+        return EnvSpec(env_id="MountainCar-v0", num_envs=self.num_envs, obs_shape=(2,), obs_dtype=torch.float32,
+                       action_shape=(), action_dtype=torch.int64, num_actions=3,
+                       max_episode_steps=self.max_episode_steps)
+
+    def initial(self, like, generator=None):
+        u = _uniform(like, 1.0, generator)
+        return torch.stack([-0.5 + 0.1 * u[:, 0], torch.zeros_like(u[:, 1])], dim=-1)
+
+    def observe(self, physics):
+        return physics.float()
+
+    def transition(self, physics, action):
+        position, velocity = physics.unbind(-1)
+        velocity = velocity + ((action.to(physics.dtype) - 1) * self.force + torch.cos(3 * position) * -self.gravity)
+        velocity = velocity.clamp(-self.max_speed, self.max_speed)
+        position = (position + velocity).clamp(self.min_position, self.max_position)
+        velocity = torch.where((position == self.min_position) & (velocity < 0), 0.0, velocity)
+        reached = (position >= self.goal_position) & (velocity >= 0)
+        return torch.stack([position, velocity], dim=-1), torch.full_like(position, -1.0), reached
+
+
+ENVS = {"CartPole-v1": CartPole, "Pendulum-v1": Pendulum, "MountainCar-v0": MountainCar}
 """Env ids with a functional form: id -> class `(num_envs, seed, max_episode_steps=None)`."""
 
 
