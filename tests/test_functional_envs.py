@@ -85,6 +85,18 @@ def test_reset_states_are_seeded_and_in_range():
     assert (spec.obs_shape, spec.num_actions, spec.num_envs) == ((4,), 2, 16)
 
 
+@pytest.mark.parametrize("env_id", functional.available())
+def test_specs_are_the_envpool_envs(env_id):
+    """Networks built for one backend fit the other: the same shapes, dtypes, bounds and time limit."""
+    ours, theirs = functional.make(env_id, 3).spec, envs.env_spec(env_id, 3)
+    for field in ("env_id", "num_envs", "obs_shape", "obs_dtype", "action_shape", "action_dtype", "num_actions",
+                  "max_episode_steps"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+    for field in ("action_low", "action_high"):
+        a, b = getattr(ours, field), getattr(theirs, field)
+        assert (a is None and b is None) or torch.equal(a, b), field
+
+
 def test_unknown_env_is_one_line():
     with pytest.raises(ConfigError, match="'Acrobot-v1' has no torch version for --sampler graph; it has one "
                                           "for: CartPole-v1, Pendulum-v1, MountainCar-v0") as e:

@@ -41,15 +41,31 @@ class FunctionalEnv:
         transition(physics, action) -> (physics', reward [B] float64, out of bounds [B] bool)
         observe(physics) -> obs [B, *obs] float32
 
-    and its `spec`; this class adds fnrl's step contract around them (`step`)."""
+    and its spaces (`env_id`, `obs_size`; `num_actions` for discrete actions, else one
+    action in [-`max_action`, `max_action`]); this class adds fnrl's step contract around them
+    (`step`) and the `spec`."""
 
+    env_id: str
     physics_size: int
+    obs_size: int
+    num_actions: int | None = None
+    max_action: float | None = None
     max_episode_steps: int
 
     def __init__(self, num_envs: int, seed: int | None = None, max_episode_steps: int | None = None):
         self.num_envs, self.seed = num_envs, seed
         if max_episode_steps is not None:
             self.max_episode_steps = max_episode_steps
+
+    @property
+    def spec(self) -> EnvSpec:
+        if self.num_actions is not None:
+            actions = dict(action_shape=(), action_dtype=torch.int64, num_actions=self.num_actions)
+        else:
+            bound = torch.tensor([self.max_action])
+            actions = dict(action_shape=(1,), action_dtype=torch.float32, action_low=-bound, action_high=bound)
+        return EnvSpec(env_id=self.env_id, num_envs=self.num_envs, obs_shape=(self.obs_size,),
+                       obs_dtype=torch.float32, max_episode_steps=self.max_episode_steps, **actions)
 
     def reset(self, device="cpu") -> State:
         """Every env at a fresh initial state (drawn with `seed`'s generator where one is set)."""
@@ -107,7 +123,7 @@ class CartPole(FunctionalEnv):
     degrees and is truncated after 500 steps; every step before the reset earns 1. Initial
     states are uniform in [-0.05, 0.05]^4."""
 
-    physics_size = 4
+    env_id, physics_size, obs_size, num_actions = "CartPole-v1", 4, 4, 2
     max_episode_steps = 500
     gravity = 9.8
     masscart = 1.0
@@ -117,12 +133,6 @@ class CartPole(FunctionalEnv):
     tau = 0.02
     x_threshold = 2.4
     theta_threshold = 12 * 2 * math.pi / 360
-
-    @property
-    def spec(self) -> EnvSpec:
-        return EnvSpec(env_id="CartPole-v1", num_envs=self.num_envs, obs_shape=(4,), obs_dtype=torch.float32,
-                       action_shape=(), action_dtype=torch.int64, num_actions=2,
-                       max_episode_steps=self.max_episode_steps)
 
     def initial(self, like, generator=None):
         return _uniform(like, 0.05, generator)
@@ -162,17 +172,10 @@ class Pendulum(FunctionalEnv):
     (g = 10, m = l = 1). It never terminates and is truncated after 200 steps; initial states
     are uniform in [-pi, pi] x [-1, 1]."""
 
-    physics_size = 2
+    env_id, physics_size, obs_size, max_action = "Pendulum-v1", 2, 3, 2.0   # the torque bound
     max_episode_steps = 200
     g, m, l, dt = 10.0, 1.0, 1.0, 0.05
-    max_speed, max_torque = 8.0, 2.0
-
-    @property
-    def spec(self) -> EnvSpec:
-        bound = torch.tensor([self.max_torque])
-        return EnvSpec(env_id="Pendulum-v1", num_envs=self.num_envs, obs_shape=(3,), obs_dtype=torch.float32,
-                       action_shape=(1,), action_dtype=torch.float32, action_low=-bound, action_high=bound,
-                       max_episode_steps=self.max_episode_steps)
+    max_speed = 8.0
 
     def initial(self, like, generator=None):
         u = _uniform(like, 1.0, generator)
@@ -184,7 +187,7 @@ class Pendulum(FunctionalEnv):
 
     def transition(self, physics, action):
         theta, theta_dot = physics.unbind(-1)
-        u = action[:, 0].to(physics.dtype).clamp(-self.max_torque, self.max_torque)
+        u = action[:, 0].to(physics.dtype).clamp(-self.max_action, self.max_action)
         normalized = torch.remainder(theta + math.pi, 2 * math.pi) - math.pi
         cost = normalized.square() + 0.1 * theta_dot.square() + 0.001 * u.square()
         accel = 3 * self.g / (2 * self.l) * torch.sin(theta) + 3.0 / (self.m * self.l ** 2) * u
@@ -204,16 +207,10 @@ class MountainCar(FunctionalEnv):
     Every step earns -1; the episode terminates at position >= 0.5 (with velocity >= 0) and is
     truncated after 200 steps. Initial positions are uniform in [-0.6, -0.4], at rest."""
 
-    physics_size = 2
+    env_id, physics_size, obs_size, num_actions = "MountainCar-v0", 2, 2, 3
     max_episode_steps = 200
     force, gravity, max_speed = 0.001, 0.0025, 0.07
     min_position, max_position, goal_position = -1.2, 0.6, 0.5
-
-    @property
-    def spec(self) -> EnvSpec:
-        return EnvSpec(env_id="MountainCar-v0", num_envs=self.num_envs, obs_shape=(2,), obs_dtype=torch.float32,
-                       action_shape=(), action_dtype=torch.int64, num_actions=3,
-                       max_episode_steps=self.max_episode_steps)
 
     def initial(self, like, generator=None):
         u = _uniform(like, 1.0, generator)
