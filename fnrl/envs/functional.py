@@ -38,7 +38,7 @@ class FunctionalEnv:
     A task gives its physics (a [B, P] float64 tensor, `physics_size` = P) through three methods:
 
         initial(like, generator) -> physics          # fresh episode starts, shaped like `like`
-        transition(physics, action) -> (physics', reward [B] float64, out of bounds [B] bool)
+        transition(physics, action) -> (physics', reward [B] float64, terminal [B] bool)
         observe(physics) -> obs [B, *obs] float32
 
     and its spaces (`env_id`, `obs_size`; `num_actions` for discrete actions, else one
@@ -82,17 +82,17 @@ class FunctionalEnv:
 
         With `ended` the previous step's `done` (the envs that reset on this step):
 
-            physics', r, out = initial, 0, False  where ended,  transition(physics, action) elsewhere
+            physics', r, terminal = initial, 0, False  where ended,  transition(physics, action) elsewhere
             valid = not ended,   elapsed' = valid (elapsed + 1)
-            terminated = valid and out,   truncated = valid and elapsed' >= max_episode_steps, not terminated
+            terminated = valid and terminal,   truncated = valid and elapsed' >= max_episode_steps, not terminated
             R' = valid (R + r),   episode_return = R' [done]   (the length likewise, counting valid steps)"""
         ended = state["ended"]
         valid = ~ended
-        moved, reward, out = self.transition(state["physics"], action)
+        moved, reward, terminal = self.transition(state["physics"], action)
         physics = torch.where(ended[:, None], self.initial(state["physics"]), moved)
         reward = torch.where(valid, reward, 0.0).float()
         elapsed = torch.where(valid, state["elapsed"] + 1, 0.0)
-        terminated = valid & out
+        terminated = valid & terminal
         truncated = valid & (elapsed >= self.max_episode_steps) & ~terminated
         done = terminated | truncated
         ep_return = torch.where(valid, state["ep_return"] + reward.double(), 0.0)   # summed as fnrl.envs.batched sums

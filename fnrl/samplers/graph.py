@@ -143,4 +143,4 @@ class GraphSampler:
         return self.buffer.rollout
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the envs are tensors."""
