@@ -329,7 +329,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         and `eval_return_std` (NaN in the other rows).
     sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
         parallel, graph: the env's dynamics in torch, compiled with the policy into one call per
-        rollout, for the envs of fnrl.envs.functional: CartPole-v1, Pendulum-v1, MountainCar-v0),
+        rollout, for the envs of fnrl.envs.functional: CartPole, Acrobot, Pendulum, MountainCar),
         or "async" (off-policy: sampling in its own process, see fnrl.train_async).
     sampler_workers: worker processes of the parallel sampler (default: one per core).
     cuda_graphs: replay the off-policy learner step from a CUDA graph (`fnrl.cudagraphs`; needs

@@ -132,7 +132,7 @@ def test_errors():
     (["ppo", "--core", "lstm"], "--sampler graph serves feed-forward policies; drop --core lstm"),
     (["r2d1"], "--sampler graph serves feed-forward policies and r2d1's is recurrent"),
     (["sac", "--env", "CartPole-v1"], "sac needs a continuous action space"),
-    (["ppo", "--env", "Acrobot-v1"], "'Acrobot-v1' has no torch version for --sampler graph"),
+    (["ppo", "--env", "Pong-v5"], "'Pong-v5' has no torch version for --sampler graph"),
 ])
 def test_cli_errors_are_one_line(argv, message, capsys, tmp_path):
     assert main(["train", *argv, "--sampler", "graph", "--no-compile", "--quiet", "--log-dir",

@@ -3,7 +3,8 @@
 purejaxrl's speed comes from the environment living inside the same compiled program as
 the policy: a whole [T, B] rollout is one call, with no Python, no thread hand-off and no
 numpy conversion per step. This module gives fnrl that option for the classic-control
-tasks whose dynamics are a few elementwise ops (CartPole-v1, Pendulum-v1, MountainCar-v0).
+tasks whose dynamics are a few elementwise ops (CartPole-v1, Acrobot-v1, Pendulum-v1,
+MountainCar-v0).
 An env here is a pair of pure functions over a dict of [B] tensors (its state):
 
     env = functional.make("CartPole-v1", num_envs=64, seed=0)
@@ -15,7 +16,8 @@ An env here is a pair of pure functions over a dict of [B] tensors (its state):
 `scan` and compiles (`fnrl.samplers.graph`). It keeps fnrl's step contract exactly
 (`fnrl.envs.batched`): next-step autoreset (the step after a done step returns the reset
 observation with reward 0, `valid=False`, and ignores the action), `terminated` and
-`truncated` (the time limit, never both), `episode_end` / `episode_return` /
+`truncated` (the time limit; never both: an episode that terminates on its last
+allowed step is terminated, where gymnasium's TimeLimit reports both), `episode_end` / `episode_return` /
 `episode_length` on the step an episode ends. The dynamics are gymnasium's, computed in
 float64 as gymnasium does and observed in float32 (`tests/test_functional_envs.py`
 steps both side by side); the random initial states differ from EnvPool's and gymnasium's.
@@ -229,7 +231,67 @@ class MountainCar(FunctionalEnv):
         return torch.stack([position, velocity], dim=-1), torch.full_like(position, -1.0), reached
 
 
-ENVS = {"CartPole-v1": CartPole, "Pendulum-v1": Pendulum, "MountainCar-v0": MountainCar}
+class Acrobot(FunctionalEnv):
+    """gymnasium's Acrobot-v1 (Sutton 1996; the book's dynamics): swing a two-link arm's tip above
+    the bar by torquing the joint between the links.
+
+    Physics [B, 4] = (theta1, theta2, dtheta1, dtheta2); observations (cos theta1, sin theta1,
+    cos theta2, sin theta2, dtheta1, dtheta2). Actions 0 / 1 / 2 apply a torque of -1 / 0 / 1;
+    one step integrates the equations of motion over dt = 0.2 s with one Runge-Kutta-4 step,
+    wraps the angles into [-pi, pi] and clips the velocities to 4 pi and 9 pi. The episode
+    terminates once -cos theta1 - cos(theta1 + theta2) > 1 (reward 0 there, -1 on every other
+    step) and is truncated after 500 steps. Initial states are uniform in [-0.1, 0.1]^4,
+    rounded to float32 as gymnasium's are."""
+
+    env_id, physics_size, obs_size, num_actions = "Acrobot-v1", 4, 6, 3
+    max_episode_steps = 500
+    dt, g = 0.2, 9.8
+    m1 = m2 = l1 = 1.0
+    lc1 = lc2 = 0.5   # the links' centres of mass
+    I1 = I2 = 1.0     # and moments of inertia
+    max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
+
+    def initial(self, like, generator=None):
+        return _uniform(like, 0.1, generator).float().double()
+
+    def observe(self, physics):
+        theta1, theta2, dtheta1, dtheta2 = physics.unbind(-1)
+        return torch.stack([torch.cos(theta1), torch.sin(theta1), torch.cos(theta2), torch.sin(theta2),
+                            dtheta1, dtheta2], dim=-1).float()
+
+    def derivatives(self, s: torch.Tensor, torque: torch.Tensor) -> torch.Tensor:
+        """d/dt of the physics [B, 4] under `torque` [B] (gymnasium's `_dsdt`, the book's form)."""
+        m1, m2, l1, lc1, lc2, I1, I2, g = self.m1, self.m2, self.l1, self.lc1, self.lc2, self.I1, self.I2, self.g
+        theta1, theta2, dtheta1, dtheta2 = s.unbind(-1)
+        d1 = m1 * lc1 ** 2 + m2 * (l1 ** 2 + lc2 ** 2 + 2 * l1 * lc2 * torch.cos(theta2)) + I1 + I2
+        d2 = m2 * (lc2 ** 2 + l1 * lc2 * torch.cos(theta2)) + I2
+        phi2 = m2 * lc2 * g * torch.cos(theta1 + theta2 - math.pi / 2.0)
+        phi1 = (-m2 * l1 * lc2 * dtheta2 ** 2 * torch.sin(theta2)
+                - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * torch.sin(theta2)
+                + (m1 * lc1 + m2 * l1) * g * torch.cos(theta1 - math.pi / 2) + phi2)
+        ddtheta2 = ((torque + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1 ** 2 * torch.sin(theta2) - phi2)
+                    / (m2 * lc2 ** 2 + I2 - d2 ** 2 / d1))
+        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+        return torch.stack([dtheta1, dtheta2, ddtheta1, ddtheta2], dim=-1)
+
+    def transition(self, physics, action):
+        torque = action.to(physics.dtype) - 1
+        f, dt = self.derivatives, self.dt
+        k1 = f(physics, torque)
+        k2 = f(physics + dt / 2.0 * k1, torque)
+        k3 = f(physics + dt / 2.0 * k2, torque)
+        k4 = f(physics + dt * k3, torque)
+        s = physics + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        theta1, theta2, dtheta1, dtheta2 = s.unbind(-1)
+        wrap = lambda x: torch.remainder(x + math.pi, 2 * math.pi) - math.pi   # noqa: E731
+        moved = torch.stack([wrap(theta1), wrap(theta2), dtheta1.clamp(-self.max_vel_1, self.max_vel_1),
+                             dtheta2.clamp(-self.max_vel_2, self.max_vel_2)], dim=-1)
+        up = -torch.cos(moved[:, 0]) - torch.cos(moved[:, 1] + moved[:, 0]) > 1.0
+        return moved, torch.where(up, 0.0, -1.0).to(physics.dtype), up
+
+
+ENVS = {"CartPole-v1": CartPole, "Acrobot-v1": Acrobot, "Pendulum-v1": Pendulum,
+        "MountainCar-v0": MountainCar}
 """Env ids with a functional form: id -> class `(num_envs, seed, max_episode_steps=None)`."""
 
 

@@ -18,7 +18,7 @@ A collect is one call of that model: no Python, numpy or thread hand-off per ste
 
 It serves feed-forward policies (`act(state, obs, None, explore)` returning no carry):
 PPO and A2C, and the off-policy algorithms whose rollouts go into a row replay (the DQN
-family on CartPole and MountainCar, DDPG / TD3 / SAC on Pendulum; their replay add and
+family on the discrete tasks, DDPG / TD3 / SAC on Pendulum; their replay add and
 updates run as with any sampler). `act` is compiled into the rollout when it is an
 `fnrl.aot.AotAct` (what `fnrl.train` makes of a compiled run's act; its `select`ed state
 keys are the model's inputs), and the scan runs eagerly otherwise (`--no-compile`).
