@@ -133,6 +133,12 @@ WORKLOADS = [
     Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536, None,
              "the same config, 8 seeds vmapped in one process (`--num-seeds 8`; steps are per seed, SPS counts "
              "all seeds)", train_kwargs={"num_seeds": 8}, contenders=("raw", "compiled")),
+    Workload("ppo-default-1seed-graph", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536,
+             None, "`ppo-default-1seed` with `--sampler graph`", train_kwargs={"sampler": "graph"},
+             contenders=("compiled",)),
+    Workload("ppo-default-8seeds-graph", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536,
+             None, "`ppo-default-8seeds` with `--sampler graph`", train_kwargs={"num_seeds": 8, "sampler": "graph"},
+             contenders=("compiled",)),
 ]
 BY_KEY = {w.key: w for w in WORKLOADS}
 
@@ -434,10 +440,12 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
                      f"{_cell(e)} | {_cell(s)} | {_ratio(c, s)} | {_ratio(c, e)} | {_ratio(c, raw)} | {ret} | "
                      f"{r['load']} |")
     by_key = {r["w"].key: r for r in rows}
-    if {"ppo-default-1seed", "ppo-default-8seeds"} <= set(by_key):
-        ratio = _ratio(by_key["ppo-default-8seeds"]["compiled"], by_key["ppo-default-1seed"]["compiled"])
-        lines += ["", f"**Vmapped seeds:** 8 seeds in one process / 1 seed, total env steps per second "
-                      f"(compiled): **{ratio}** (target 4x)."]
+    for suffix, how in (("", ""), ("-graph", " with the graph sampler")):
+        one, eight = f"ppo-default-1seed{suffix}", f"ppo-default-8seeds{suffix}"
+        if {one, eight} <= set(by_key):
+            ratio = _ratio(by_key[eight]["compiled"], by_key[one]["compiled"])
+            lines += ["", f"**Vmapped seeds{how}:** 8 seeds in one process / 1 seed, total env steps per second "
+                          f"(compiled): **{ratio}** (target 4x)."]
     for key in ("ppo-cartpole-64-lr", "ppo-cartpole-64-lr-graph"):
         c = by_key[key]["compiled"] if key in by_key else {"error": "not run"}
         if "error" not in c:

@@ -364,9 +364,9 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         rows = vmapped.make_rows(module, config, seed, num_seeds, sweep)
         sweep = {vmapped.ALIASES.get(k, k): [float(v) for v in vs] for k, vs in sweep.items()} if sweep else None
     width = len(rows) if rows else 1  # independent rows trained side by side
-    if rows and (sampler != "serial" or eval_interval is not None):
-        raise ConfigError("--num-seeds / --sweep train with the serial sampler and without --eval-interval; "
-                          "drop --sampler / --eval-interval, or run the seeds separately")
+    if rows and (sampler not in ("serial", "graph") or eval_interval is not None):
+        raise ConfigError("--num-seeds / --sweep train with the serial sampler (or the graph sampler) and without "
+                          "--eval-interval; drop --sampler / --eval-interval, or run the seeds separately")
     if world.size > 1 and (rows or sampler != "serial"):
         raise ConfigError("data-parallel runs (--nproc / torchrun) use the serial sampler and one seed per "
                           "process; drop --sampler / --num-seeds / --sweep")
@@ -411,13 +411,15 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                              checkpoint_every=checkpoint_every, tensorboard=tensorboard, plot=plot,
                              stop_return=stop_return)
     sequence_replay = getattr(module, "REPLAY", None) == "sequence"
-    if rows:
-        env = vmapped.make_env(config.env_id, rows, config.num_envs)
-        agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
-    elif sampler == "graph":   # the env's dynamics in torch, compiled into the rollout (fnrl.samplers.graph)
+    if sampler == "graph":   # the env's dynamics in torch, compiled into the rollout (fnrl.samplers.graph)
         from fnrl.envs import functional
 
-        env = functional.make(config.env_id, config.num_envs, seed=seed)
+        env = functional.make(config.env_id, width * config.num_envs, seed=seed)
+        if rows:
+            agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
+    elif rows:
+        env = vmapped.make_env(config.env_id, rows, config.num_envs)
+        agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
     else:
         # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
         env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)

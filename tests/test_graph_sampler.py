@@ -118,6 +118,24 @@ def test_compiled_pendulum_rollout_follows_the_env_and_a_gaussian_policy():
     assert rollout["truncated"].any() and not rollout["terminated"].any()
 
 
+def test_vmapped_seeds_act_each_on_its_own_envs():
+    """`--num-seeds R --sampler graph`: one functional pool of R x B envs, row r's policy on columns
+    r*B .. (r+1)*B - 1 (fnrl.seeds' layout), each consistent with that row's own parameters."""
+    from fnrl import algos
+    from fnrl import seeds as vmapped
+
+    module, R, B = algos.load("ppo"), 2, CONFIG.num_envs
+    rows = vmapped.make_rows(module, CONFIG, 0, R, None)
+    env = functional.make(CONFIG.env_id, R * B, seed=0)
+    agent = vmapped.make_agent(module, rows, env.spec, B, compile=False)
+    state = agent.init(0)
+    rollout = GraphSampler(env, agent.act, CONFIG.num_steps).collect(state)
+    row_env = functional.make(CONFIG.env_id, B)
+    for r in range(R):
+        check_rollout(rollout[:, r * B:(r + 1) * B], state[r], row_env)
+    assert not (state[0]["params"] == state[1]["params"]).all()   # two seeds: two policies
+
+
 def test_errors():
     env, agent, state = _agent()
     with pytest.raises(ConfigError, match="steps a functional env"):
