@@ -114,11 +114,11 @@ def compile_package(program: torch.export.ExportedProgram, options: dict) -> str
     return str(path)
 
 
-def warn_fallback(subject: str, error: Exception, stacklevel: int = 3) -> None:
-    """One warning that `subject` ("acting is", ...) runs through torch.compile instead, naming
-    the error that stopped its ahead-of-time build (its first line)."""
+def warn_fallback(subject: str, error: Exception, stacklevel: int = 3, instead: str = "using torch.compile") -> None:
+    """One warning that `subject` ("acting is", ...) runs `instead` another way, naming the error
+    that stopped its ahead-of-time build (its first line)."""
     first = str(error).splitlines()[0][:200] if str(error) else ""
-    warnings.warn(f"{subject} not ahead-of-time compiled ({type(error).__name__}: {first}); using torch.compile",
+    warnings.warn(f"{subject} not ahead-of-time compiled ({type(error).__name__}: {first}); {instead}",
                   stacklevel=stacklevel)
 
 

@@ -136,6 +136,26 @@ def test_vmapped_seeds_act_each_on_its_own_envs():
     assert not (state[0]["params"] == state[1]["params"]).all()   # two seeds: two policies
 
 
+def test_a_rollout_that_cannot_be_compiled_warns_once_and_collects_eagerly(monkeypatch):
+    from fnrl import aot
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no model today\nsecond line")
+
+    monkeypatch.setattr(aot, "AotFunction", refuse)
+    env, agent, state = _agent()
+    sampler = GraphSampler(env, AotAct(agent.act, ppo.ACT_KEYS, fallback=None), CONFIG.num_steps)
+    with pytest.warns(UserWarning, match=r"the graph sampler's rollout is not ahead-of-time compiled "
+                                         r"\(RuntimeError: no model today\); collecting eagerly"):
+        first = sampler.collect(state).clone()
+    check_rollout(first, state, env)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_rollout(sampler.collect(state), state, env)   # no second attempt, no second warning
+    assert sampler.model is None
+
+
 def test_errors():
     env, agent, state = _agent()
     with pytest.raises(ConfigError, match="steps a functional env"):

@@ -31,7 +31,6 @@ state whose tensors changed layout runs eagerly too.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Callable
 
 import torch
@@ -133,9 +132,7 @@ class GraphSampler:
             try:
                 self.model = aot.AotFunction(self._rollout, args, OPTIONS)
             except Exception as e:   # noqa: BLE001 - whatever stops the build: the eager scan
-                first = str(e).splitlines()[0][:200] if str(e) else ""
-                warnings.warn(f"the graph sampler's rollout is not compiled ({type(e).__name__}: {first}); "
-                              "collecting eagerly", stacklevel=2)
+                aot.warn_fallback("the graph sampler's rollout is", e, stacklevel=4, instead="collecting eagerly")
         if self.model is not None and explore and self.model.matches(*args):
             self.model(*args)
         else:
