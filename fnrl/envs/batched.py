@@ -207,6 +207,11 @@ class BatchedEnv:
         """`recv` before the conversion to torch (see `step_arrays`)."""
         return self._wrap(*self._calls.recv())
 
+    def recv_raw(self) -> tuple:
+        """`recv` without the bookkeeping: the backend's arrays, as `step_raw` returns them (EnvPool
+        only; the same `finish_steps` duty)."""
+        return self._calls.recv()
+
     def step_raw(self, action: torch.Tensor) -> tuple:
         """One step of all envs without the bookkeeping: the backend's
         `(obs, reward, terminated, truncated, info)` (numpy; `info` holds Atari's `reward` and

@@ -91,7 +91,11 @@ class FunctionalEnv:
         ended = state["ended"]
         valid = ~ended
         moved, reward, terminal = self.transition(state["physics"], action)
-        physics = torch.where(ended[:, None], self.initial(state["physics"]), moved)
+        B, P = moved.shape
+        # mixed over the flat [B * P] elements: Inductor then draws one random number per element,
+        # where a [B, P] loop vectorized along P's few columns draws a whole vector's worth each
+        physics = torch.where(ended.repeat_interleave(P), self.initial(state["physics"]).flatten(),
+                              moved.flatten()).view(B, P)
         reward = torch.where(valid, reward, 0.0).float()
         elapsed = torch.where(valid, state["elapsed"] + 1, 0.0)
         terminated = valid & terminal

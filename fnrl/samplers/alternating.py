@@ -65,15 +65,24 @@ class AlternatingSampler:
     @torch.no_grad()
     def collect(self, state, explore: bool = True) -> TensorDict:
         """Step every env `horizon` times; return the (reused) rollout TensorDict [T, B]."""
-        T = self.horizon
-        for lane, env in zip(self.lanes, self.envs):
+        T, pairs = self.horizon, list(zip(self.lanes, self.envs))
+        for lane, env in pairs:
             lane.begin()
             env.send(lane.act(state, explore))
-        for t in range(T):
-            for lane, env in zip(self.lanes, self.envs):
-                lane.record(t, env.recv_arrays())
-                if t + 1 < T:
-                    env.send(lane.act(state, explore))
+        if all(lane.batched_bookkeeping for lane in self.lanes):   # flags and statistics once, after the steps
+            for t in range(T):
+                for lane, env in pairs:
+                    lane.record_raw(t, env.recv_raw())
+                    if t + 1 < T:
+                        env.send(lane.act(state, explore))
+            for lane in self.lanes:
+                lane.finish(T)
+        else:
+            for t in range(T):
+                for lane, env in pairs:
+                    lane.record(t, env.recv_arrays())
+                    if t + 1 < T:
+                        env.send(lane.act(state, explore))
         return self.buffer.rollout
 
     def close(self) -> None:
