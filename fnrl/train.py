@@ -377,9 +377,9 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if sampler != "async":
         samplers.load(sampler)   # an unknown name: one line listing the choices
     if sampler == "graph":
-        from fnrl.samplers.graph import check_feed_forward
+        from fnrl.samplers.graph import check_supported
 
-        check_feed_forward(name, module, config)
+        check_supported(name, module, config)
     if threads is not None:
         torch.set_num_threads(threads)
     if update_threads is not None and update_threads < 1:

@@ -112,6 +112,23 @@ def test_specs_are_the_envpool_envs(env_id):
         assert (a is None and b is None) or torch.equal(a, b), field
 
 
+def test_partially_observed_variant_is_its_base_env_seen_through_the_kept_entries():
+    """fnrl/CartPoleNoVel-v1 (fnrl.envs.FNRL_ENVS): CartPole-v1's steps, observing position and angle."""
+    variant, base = functional.make("fnrl/CartPoleNoVel-v1", 5, seed=2), functional.make("CartPole-v1", 5, seed=2)
+    a, b = variant.reset(), base.reset()
+    ends = 0
+    for t in range(60):
+        action = torch.tensor([t % 2, 1, 0, (t // 3) % 2, 1])
+        torch.manual_seed(t)
+        a, step_a = variant.step(a, action)
+        torch.manual_seed(t)
+        b, step_b = base.step(b, action)
+        assert torch.equal(step_a["obs"], step_b["obs"][:, [0, 2]]) and torch.equal(a["physics"], b["physics"])
+        assert all(torch.equal(step_a[k], step_b[k]) for k in KEYS)
+        ends += int(step_b["episode_end"].sum())
+    assert ends > 0   # reset states drawn inside the steps too
+
+
 def test_unknown_env_is_one_line():
     with pytest.raises(ConfigError, match="'LunarLander-v3' has no torch version for --sampler graph; it has one "
                                           "for: CartPole-v1, Acrobot-v1, Pendulum-v1, MountainCar-v0") as e:

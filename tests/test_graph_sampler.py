@@ -8,6 +8,7 @@ reset state after an episode end), every log-prob and value is the eager policy'
 and episode statistics follow the step contract."""
 import pytest
 import torch
+from tensordict import TensorDict
 
 from fnrl.algos import common, ppo
 from fnrl.aot import AotAct
@@ -156,19 +157,83 @@ def test_a_rollout_that_cannot_be_compiled_warns_once_and_collects_eagerly(monke
     assert sampler.model is None
 
 
+RNN = ppo.Config(env_id="fnrl/CartPoleNoVel-v1", num_envs=4, num_steps=16, core="lstm", core_size=8, hidden=(8,))
+
+
+def _recurrent_agent():
+    env = functional.make(RNN.env_id, RNN.num_envs, seed=0)
+    agent = ppo.make(RNN, env.spec, compile=False)
+    return env, agent, agent.init(0)
+
+
+def _loop_rollouts(env, act, state, collects):
+    """The plain-loop reference of a recurrent rollout: act and env.step one step at a time under
+    the serial sampler's carry protocol (reset[t] = not valid[t - 1], True at the first step)."""
+    B, T = RNN.num_envs, RNN.num_steps
+    env_state, carry, reset = env.reset(), None, torch.ones(B, dtype=torch.bool)
+    out = []
+    for _ in range(collects):
+        steps = []
+        for _ in range(T):
+            obs = env_state["obs"]
+            action, extras, carry = act(state, obs, None if carry is None else carry.clone(recurse=False).set(
+                "reset", reset), False)
+            env_state, step = env.step(env_state, action)
+            steps.append(TensorDict({**step, "obs": obs, "next_obs": step["obs"], "action": action, "reset": reset,
+                                     **extras}, batch_size=[B]))
+            reset = ~step["valid"]
+        out.append(torch.stack(steps))
+    return out
+
+
+def test_recurrent_eager_rollout_is_the_plain_loops():
+    """A recurrent policy's carry travels in the scan: the rollouts (the carry each step started from,
+    the reset mask, everything else) equal the step-by-step loop's, across collects and episode ends."""
+    env, agent, state = _recurrent_agent()
+    torch.manual_seed(5)   # the reset draws after episode ends come from the global generator
+    sampler = GraphSampler(env, agent.act, RNN.num_steps)
+    got = [sampler.collect(state, explore=False).clone() for _ in range(3)]
+    torch.manual_seed(5)
+    reference = _loop_rollouts(functional.make(RNN.env_id, RNN.num_envs, seed=0), agent.act, state, 3)
+    assert sum(r["episode_end"].sum() for r in reference) > 0
+    for a, b in zip(got, reference):
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        for k in b.keys(True, True):
+            assert a[k].dtype == b[k].dtype, k
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=str(k))
+
+
+def test_compiled_recurrent_rollout_continues_its_carry():
+    """Compiled: re-unrolling both collects' observations from the first one's stored carry with
+    their reset masks gives every stored value, log-prob and carry (so the carry crossed the collect)."""
+    env, agent, state = _recurrent_agent()
+    sampler = GraphSampler(env, AotAct(agent.act, ppo.ACT_KEYS, fallback=None), RNN.num_steps)
+    first = sampler.collect(state).clone()
+    second = sampler.collect(state)
+    assert sampler.model is not None
+    both = torch.cat([first, second])
+    assert both["reset"][0].all() and torch.equal(both["reset"][1:], ~both["valid"][:-1])
+    assert both["episode_end"].any()
+    _, rnn, _ = common.config_policy(RNN, env.spec)
+    d, value, _ = rnn.unroll(state["params"], both["obs"], both["reset"], both["carry"][0])
+    torch.testing.assert_close(both["value"], value, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(both["logp"], common.action_dist(env.spec).log_prob(*d, both["action"]),
+                               atol=1e-5, rtol=1e-5)
+    for t in (1, RNN.num_steps, 2 * RNN.num_steps - 1):   # the first step of the second collect among them
+        *_, carry = rnn.unroll(state["params"], both["obs"][:t], both["reset"][:t], both["carry"][0])
+        keep = (~both["reset"][t]).float().unsqueeze(-1)   # the carry step t starts from: zeroed at a reset
+        for k in carry.keys(True, True):
+            torch.testing.assert_close(both["carry"][t][k], carry[k] * keep, atol=1e-5, rtol=1e-5, msg=str(k))
+
+
 def test_errors():
     env, agent, state = _agent()
     with pytest.raises(ConfigError, match="steps a functional env"):
         GraphSampler(envs.make("CartPole-v1", 2, seed=0), agent.act, 4)
-    rnn = ppo.Config(core="lstm", core_size=8, hidden=(8,))
-    recurrent = ppo.make(rnn, env.spec, compile=False)
-    with pytest.raises(ConfigError, match="serves feed-forward policies"):
-        GraphSampler(env, recurrent.act, 4).collect(recurrent.init(0))
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["ppo", "--core", "lstm"], "--sampler graph serves feed-forward policies; drop --core lstm"),
-    (["r2d1"], "--sampler graph serves feed-forward policies and r2d1's is recurrent"),
+    (["r2d1"], "--sampler graph serves on-policy and row-replay algorithms; r2d1 stores sequences"),
     (["sac", "--env", "CartPole-v1"], "sac needs a continuous action space"),
     (["ppo", "--env", "Pong-v5"], "'Pong-v5' has no torch version for --sampler graph"),
 ])
@@ -219,3 +284,16 @@ def test_sac_learns_pendulum_with_the_graph_sampler(tmp_path):
     result = train("sac", config, seed=0, log_dir=tmp_path / "run", quiet=True, log_interval=2_000,
                    tensorboard=False, plot=False, stop_return=-250, sampler="graph")
     assert result.return_mean >= -250, [round(r["return_mean"]) for r in result.history]
+
+
+@pytest.mark.slow
+def test_recurrent_ppo_learns_cartpole_without_velocities_with_the_graph_sampler(tmp_path):
+    """tests/test_learning_recurrent.py's LSTM run through the graph sampler (eager, as there): a
+    return of 400 on the partially observed fnrl/CartPoleNoVel-v1 within its 200k steps."""
+    from fnrl.train import train
+
+    from tests.test_learning_recurrent import NOVEL
+
+    result = train("ppo", NOVEL, seed=0, compile=False, quiet=True, tensorboard=False, plot=False,
+                   log_dir=tmp_path / "run", stop_return=400, sampler="graph")
+    assert result.return_mean >= 400, [round(r["return_mean"]) for r in result.history[-10:]]

@@ -4,7 +4,7 @@ purejaxrl's speed comes from the environment living inside the same compiled pro
 the policy: a whole [T, B] rollout is one call, with no Python, no thread hand-off and no
 numpy conversion per step. This module gives fnrl that option for the classic-control
 tasks whose dynamics are a few elementwise ops (CartPole-v1, Acrobot-v1, Pendulum-v1,
-MountainCar-v0).
+MountainCar-v0, and fnrl's partially observed fnrl/CartPoleNoVel-v1).
 An env here is a pair of pure functions over a dict of [B] tensors (its state):
 
     env = functional.make("CartPole-v1", num_envs=64, seed=0)
@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from fnrl.envs import FNRL_ENVS
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 
@@ -294,9 +295,27 @@ class Acrobot(FunctionalEnv):
         return moved, torch.where(up, 0.0, -1.0).to(physics.dtype), up
 
 
+def _observing(env_id: str, base: type, index: tuple[int, ...]) -> type:
+    """`base` observed through entries `index` of its observation only (an fnrl variant, e.g.
+    fnrl/CartPoleNoVel-v1); the entries are picked by slices, as a traced scan creates no tensor."""
+
+    class Variant(base):
+        def observe(self, physics):
+            obs = super().observe(physics)
+            return torch.stack([obs[..., i] for i in index], dim=-1)
+
+    Variant.env_id, Variant.obs_size = env_id, len(index)
+    Variant.__name__ = Variant.__qualname__ = f"{base.__name__}Observing{''.join(map(str, index))}"
+    return Variant
+
+
 ENVS = {"CartPole-v1": CartPole, "Acrobot-v1": Acrobot, "Pendulum-v1": Pendulum,
         "MountainCar-v0": MountainCar}
-"""Env ids with a functional form: id -> class `(num_envs, seed, max_episode_steps=None)`."""
+ENVS.update({env_id: _observing(env_id, ENVS[base], index) for env_id, (base, index) in FNRL_ENVS.items()
+             if base in ENVS})
+"""Env ids with a functional form: id -> class `(num_envs, seed, max_episode_steps=None)`; the
+fnrl variants of these tasks (`fnrl.envs.FNRL_ENVS`, e.g. the partially observed
+fnrl/CartPoleNoVel-v1) included."""
 
 
 def available() -> list[str]:

@@ -16,10 +16,12 @@ A collect is one call of that model: no Python, numpy or thread hand-off per ste
     sampler = GraphSampler(env, agent.act, horizon=128)     # or fnrl train ... --sampler graph
     rollout = sampler.collect(state)                        # [T, B], keys of fnrl.samplers.lane
 
-It serves feed-forward policies (`act(state, obs, None, explore)` returning no carry):
-PPO and A2C, and the off-policy algorithms whose rollouts go into a row replay (the DQN
-family on the discrete tasks, DDPG / TD3 / SAC on Pendulum; their replay add and
-updates run as with any sampler). `act` is compiled into the rollout when it is an
+It serves PPO and A2C, feed-forward or recurrent (`--core lstm|gru`: the policy's carry
+travels in the scan with the env's state, under the serial sampler's protocol: `carry["reset"]`
+is set before every step, and the rollout holds `reset` and the `carry` each step started
+from), and the off-policy algorithms whose rollouts go into a row replay (the DQN family on
+the discrete tasks, DDPG / TD3 / SAC on Pendulum; their replay add and updates run as with
+any sampler). `act` is compiled into the rollout when it is an
 `fnrl.aot.AotAct` (what `fnrl.train` makes of a compiled run's act; its `select`ed state
 keys are the model's inputs), and the scan runs eagerly otherwise (`--no-compile`).
 
@@ -46,25 +48,23 @@ OPTIONS: dict = {}
 """Inductor options of the rollout model."""
 
 
-def check_feed_forward(algo: str, module, config) -> None:
-    """ConfigError, before any work, for a run the graph sampler cannot serve: a recurrent
-    policy (`--core`, or R2D1's); the envs it needs are checked by `fnrl.envs.functional.make`."""
+def check_supported(algo: str, module, config) -> None:
+    """ConfigError, before any work, for a run the graph sampler cannot serve: one whose rollouts
+    feed a sequence replay (R2D1); the envs it needs are checked by `fnrl.envs.functional.make`."""
     if getattr(module, "REPLAY", None) == "sequence":
-        raise ConfigError(f"--sampler graph serves feed-forward policies and {algo}'s is recurrent; "
-                          "use --sampler serial")
-    core = getattr(config, "core", "none")
-    if core != "none":
-        raise ConfigError(f"--sampler graph serves feed-forward policies; drop --core {core} or use --sampler serial")
+        raise ConfigError(f"--sampler graph serves on-policy and row-replay algorithms; {algo} stores "
+                          "sequences: use --sampler serial")
 
 
 class GraphSampler:
     """Collect [T, B] rollouts of a functional env (`fnrl.envs.functional`) in one compiled call.
 
     env: a functional env (`reset(device) -> env state`, `step(env state, action)`, `spec`).
-    act: `act(state, obs, carry, explore) -> (action, extras, carry)` of a feed-forward policy,
-        or an `fnrl.aot.AotAct` of one (then compiled into the rollout).
-    The env state (the last observation, the physics, the episode counters) is kept between
-    collects, as the serial sampler keeps EnvPool's envs.
+    act: `act(state, obs, carry, explore) -> (action, extras, carry)`, or an `fnrl.aot.AotAct`
+        of it (then compiled into the rollout). A policy whose first call returns a carry is
+        recurrent (`fnrl.samplers.serial`'s protocol).
+    The env state (the last observation, the physics, the episode counters) and a recurrent
+    policy's carry and reset mask are kept between collects, as the serial sampler keeps them.
     """
 
     def __init__(self, env, act: Callable, horizon: int, device: str | torch.device = "cpu"):
@@ -78,6 +78,7 @@ class GraphSampler:
         self.keys = act.select if self.compiled else None
         self.env_state = TensorDict(env.reset(self.device), batch_size=[env.num_envs])
         self.buffer: RolloutBuffer | None = None
+        self.policy: TensorDict | None = None   # recurrent: {"carry": [B] carry, "reset": [B] bool}
         self.model = None
         self._built = False
 
@@ -90,32 +91,64 @@ class GraphSampler:
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             obs = self.env_state["obs"]
             action, extras, carry = self.act(state, obs, None, True)
-            if carry is not None:
-                raise ConfigError("the graph sampler serves feed-forward policies; use --sampler serial "
-                                  "for a recurrent core")
             _, step = self.env.step(dict(self.env_state.items()), action)
+        if carry is not None:   # the first step starts every episode: its carry is zeroed anyway
+            B = self.env.num_envs
+            self.policy = TensorDict({"carry": carry.clone().zero_(),
+                                      "reset": torch.ones(B, dtype=torch.bool, device=self.device)}, batch_size=[B])
         self.buffer = RolloutBuffer(self.horizon, self.env.num_envs, obs, action, extras,
-                                    {k: step[k] for k in STEP_KEYS}, recurrent=False, device=self.device)
+                                    {k: step[k] for k in STEP_KEYS}, recurrent=carry is not None, device=self.device)
 
-    def _rollout(self, state: TensorDict, env_state: TensorDict, buffers: TensorDict, explore: bool = True):
+    def _rollout(self, state: TensorDict, env_state: TensorDict, buffers: TensorDict,
+                 policy: TensorDict | None = None, explore: bool = True):
         """T steps of act + env.step as one scan; writes the rollout into `buffers` (obs [T + 1, B]
-        and the [T, B] fields) and the last env state into `env_state`, in place."""
-        act, step = self.act, self.env.step
+        and the [T, B] fields), the last env state into `env_state` and a recurrent policy's
+        carry and reset mask into `policy`, in place.
+
+        Recurrent: step t acts with carry["reset"] = reset_t, reset_{t+1} = not valid_t (the next
+        observation starts an episode after the env's reset step); the rollout keeps reset_t and
+        extras["carry"], the carry step t started from. The scan carries the policy's carry as a
+        flat dict ("actor.h", ...)."""
+        act, step, B = self.act, self.env.step, self.env.num_envs
 
         def body(carry: dict, _):
-            action, extras, _ = act(state, carry["obs"], None, explore)
-            carry, out = step(carry, action)
+            env_carry = {k: v for k, v in carry.items() if not k.startswith(("policy.", "reset"))}
+            if policy is None:
+                action, extras, _ = act(state, env_carry["obs"], None, explore)
+                after = {}
+            else:
+                core = TensorDict({k[len("policy."):]: v for k, v in carry.items() if k.startswith("policy.")},
+                                  batch_size=[B]).unflatten_keys(".")
+                core["reset"] = carry["reset"]
+                action, extras, core = act(state, env_carry["obs"], core, explore)
+                extras = dict(extras)
+                started = extras.pop("carry").flatten_keys(".")
+                extras.update({f"carry.{k}": v for k, v in started.items()})
+                extras["reset"] = carry["reset"]
+                after = {f"policy.{k}": v for k, v in core.flatten_keys(".").items()}
+            env_carry, out = step(env_carry, action)
+            if policy is not None:
+                after["reset"] = ~out["valid"]
             # copies: scan results may alias neither each other nor the carry
-            return carry, {"action": action, **extras, **{k: v.clone() for k, v in out.items()}}
+            ys = {"action": action, **extras, **out}
+            return {**env_carry, **after}, {k: v.clone() for k, v in ys.items()}
 
         start = {k: v for k, v in env_state.items()}
+        if policy is not None:
+            start.update({f"policy.{k}": v for k, v in policy["carry"].flatten_keys(".").items()},
+                         reset=policy["reset"])
         last, ys = scan(body, start, torch.zeros(self.horizon, device=self.device))
         buffers["obs"][0].copy_(start["obs"])
         buffers["obs"][1:].copy_(ys.pop("obs"))
         for k, v in ys.items():
-            buffers[k].copy_(v)
+            buffers[tuple(k.split("."))].copy_(v)
         for k, v in last.items():
-            env_state[k].copy_(v)
+            if k.startswith("policy."):
+                policy["carry"][tuple(k[len("policy."):].split("."))].copy_(v)
+            elif k == "reset":
+                policy["reset"].copy_(v)
+            else:
+                env_state[k].copy_(v)
 
     def _buffers(self) -> TensorDict:
         return TensorDict({"obs": self.buffer.obs, **self.buffer.fields}, batch_size=[])
@@ -126,7 +159,7 @@ class GraphSampler:
         chosen = state if self.keys is None else state.select(*self.keys, strict=False)
         if self.buffer is None:
             self._allocate(chosen)
-        args = (chosen, self.env_state, self._buffers())
+        args = (chosen, self.env_state, self._buffers()) + (() if self.policy is None else (self.policy,))
         if self.compiled and explore and not self._built:
             self._built = True
             try:
