@@ -21,7 +21,7 @@ process (the host's speed drifts between runs, not between neighbouring rounds):
   compiled scan, no policy (the graph sampler's own ceiling).
 
 Then whole PPO iterations (collect + the compiled update, on `fnrl.train`'s threads) at
-`fnrl train ppo`'s default shapes, CleanRL's and purejaxrl's, serial vs graph, alternating,
+`fnrl train ppo`'s default shapes, CleanRL's and purejaxrl's, serial vs alternating vs graph, in turn,
 with the same update function and parameters: env steps per second.
 
     python benchmarks/graph_rollout.py [--rounds 15] [--envs 4,64] [--out benchmarks/graph_rollout.md]
@@ -200,6 +200,8 @@ def iteration_rounds(settings: dict, rounds: int) -> tuple[dict[str, float], int
     threads = update_threads_for(config, False, 1, 1, False)
     act = AotAct(agent.act, ppo.ACT_KEYS, fallback=None)
     samplers = {"serial + EnvPool": SerialSampler(envs.make("CartPole-v1", n, seed=0), act, steps),
+                "alternating + EnvPool": AlternatingSampler(envs.make("CartPole-v1", n, seed=0),
+                                                            AotAct(agent.act, ppo.ACT_KEYS, fallback=None), steps),
                 "graph sampler": GraphSampler(functional.make("CartPole-v1", n, seed=0), act, steps)}
     states = {k: state.clone() for k in samplers}
     times = {k: [] for k in samplers}
@@ -223,7 +225,8 @@ def iteration_rounds(settings: dict, rounds: int) -> tuple[dict[str, float], int
                 times[name].append(time.perf_counter() - t)
     finally:
         stance.release()
-    samplers["serial + EnvPool"].close()
+    for name in ("serial + EnvPool", "alternating + EnvPool"):
+        samplers[name].close()
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}, n * steps
 
 
@@ -255,13 +258,13 @@ def main() -> None:
         print(lines[-1], flush=True)
     lines += ["", "PPO iterations (collect + compiled update; envs x steps, epochs x minibatches), ms, medians of "
               "alternating rounds, and the env steps per second they give:", "",
-              "| settings | serial + EnvPool | graph sampler | serial SPS | graph SPS | graph / serial |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "| settings | serial + EnvPool | alternating + EnvPool | graph sampler | serial SPS | alternating SPS | "
+              "graph SPS | alternating / serial | graph / serial |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, settings in ITERATIONS.items():
         m, steps = iteration_rounds(settings, args.rounds)
-        s, g = m["serial + EnvPool"], m["graph sampler"]
-        lines.append(f"| {name} | {s:.1f} | {g:.1f} | {steps / s * 1e3:,.0f} | {steps / g * 1e3:,.0f} | "
-                     f"{s / g:.2f}x |")
+        s, a, g = m["serial + EnvPool"], m["alternating + EnvPool"], m["graph sampler"]
+        lines.append(f"| {name} | {s:.1f} | {a:.1f} | {g:.1f} | {steps / s * 1e3:,.0f} | {steps / a * 1e3:,.0f} | "
+                     f"{steps / g * 1e3:,.0f} | {s / a:.2f}x | {s / g:.2f}x |")
         print(lines[-1], flush=True)
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     lines += ["", f"Load average at end: {load}; whole run {time.perf_counter() - started:.0f} s.", ""]

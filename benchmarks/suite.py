@@ -103,6 +103,9 @@ WORKLOADS = [
              "(issue 9's milestone: 120k SPS while reaching 475); left out of --quick (its return needs the whole "
              "run) and without SB3 (the row above measures SB3 at these shapes)",
              contenders=("raw", "compiled", "eager")),
+    Workload("ppo-cartpole-64-alternating", "ppo", dict(CARTPOLE_PPO, num_envs=64, total_steps=500_000), 500_000,
+             65_536, None, "`ppo-cartpole-64` with `--sampler alternating` (two EnvPools of 32, one stepping while "
+             "the policy acts for the other)", train_kwargs={"sampler": "alternating"}, contenders=("compiled",)),
     # the same three with the graph sampler (fnrl.samplers.graph): CartPole's dynamics in torch, each rollout
     # one compiled call with the policy; the raw EnvPool ceiling does not apply to them
     Workload("ppo-cartpole-4-graph", "ppo", dict(CARTPOLE_PPO, total_steps=100_000), 100_000, 20_480,
