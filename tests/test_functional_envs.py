@@ -45,9 +45,18 @@ def _acrobot_actions(physics, rng):
     return np.where(np.arange(len(physics)) % 2 == 0, pump, rng.integers(0, 3, len(physics)))
 
 
+def _mountain_car_continuous_actions(physics, rng):
+    """Even envs push along their velocity with forces beyond the bounds (the env clips them, the
+    energy cost does not), odd ones at random."""
+    pump = np.where(physics[:, 1] >= 0, 1.3, -1.3)
+    return np.where(np.arange(len(physics)) % 2 == 0, pump, rng.uniform(-1.5, 1.5, len(physics)))[:, None] \
+        .astype(np.float32)
+
+
 @pytest.mark.parametrize("env_id, actions, limit, terminates, chaotic", [
     ("CartPole-v1", _cartpole_actions, 40, True, False), ("Acrobot-v1", _acrobot_actions, 150, True, True),
-    ("Pendulum-v1", _pendulum_actions, 25, False, False), ("MountainCar-v0", _mountain_car_actions, 150, True, False)])
+    ("Pendulum-v1", _pendulum_actions, 25, False, False), ("MountainCar-v0", _mountain_car_actions, 150, True, False),
+    ("MountainCarContinuous-v0", _mountain_car_continuous_actions, 150, True, False)])
 def test_steps_as_gymnasium_through_fnrls_adaptor(env_id, actions, limit, terminates, chaotic):
     """The same actions through both, gymnasium's envs put in the functional env's initial states (and
     its reset states after every episode): the observations agree to float32 rounding, rewards and

@@ -4,7 +4,7 @@ purejaxrl's speed comes from the environment living inside the same compiled pro
 the policy: a whole [T, B] rollout is one call, with no Python, no thread hand-off and no
 numpy conversion per step. This module gives fnrl that option for the classic-control
 tasks whose dynamics are a few elementwise ops (CartPole-v1, Acrobot-v1, Pendulum-v1,
-MountainCar-v0, and fnrl's partially observed fnrl/CartPoleNoVel-v1).
+MountainCar-v0, MountainCarContinuous-v0, and fnrl's partially observed fnrl/CartPoleNoVel-v1).
 An env here is a pair of pure functions over a dict of [B] tensors (its state):
 
     env = functional.make("CartPole-v1", num_envs=64, seed=0)
@@ -19,7 +19,8 @@ observation with reward 0, `valid=False`, and ignores the action), `terminated` 
 `truncated` (the time limit; never both: an episode that terminates on its last
 allowed step is terminated, where gymnasium's TimeLimit reports both), `episode_end` / `episode_return` /
 `episode_length` on the step an episode ends. The dynamics are gymnasium's, computed in
-float64 as gymnasium does and observed in float32 (`tests/test_functional_envs.py`
+float64 as gymnasium does (float32 for MountainCarContinuous, whose state gymnasium keeps in
+float32) and observed in float32 (`tests/test_functional_envs.py`
 steps both side by side); the random initial states differ from EnvPool's and gymnasium's.
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ State = dict[str, torch.Tensor]
 class FunctionalEnv:
     """`num_envs` envs of one task as pure functions over a dict of [B] tensors (the env state).
 
-    A task gives its physics (a [B, P] float64 tensor, `physics_size` = P) through three methods:
+    A task gives its physics (a [B, P] tensor, float64 but where gymnasium keeps float32,
+    `physics_size` = P) through three methods:
 
         initial(like, generator) -> physics          # fresh episode starts, shaped like `like`
         transition(physics, action) -> (physics', reward [B] float64, terminal [B] bool)
@@ -236,6 +238,45 @@ class MountainCar(FunctionalEnv):
         return torch.stack([position, velocity], dim=-1), torch.full_like(position, -1.0), reached
 
 
+class MountainCarContinuous(FunctionalEnv):
+    """gymnasium's MountainCarContinuous-v0: MountainCar with a force in [-1, 1] and an energy cost.
+
+    Physics [B, 2] = (position, velocity) in float32, as gymnasium keeps its state (its step's
+    arithmetic is float32 too, but for the cosine, taken in float64). Per step, with
+    force = clip(a, -1, 1):
+
+        velocity' = clip(velocity + force 0.0015 - 0.0025 cos(3 position), -0.07, 0.07)
+        position' = clip(position + velocity', -1.2, 0.6),   velocity' = 0 where position' = -1.2 and velocity' < 0
+        reward = 100 [position' >= 0.45 and velocity' >= 0] - 0.1 a^2        (a unclipped)
+
+    The episode terminates where the reward has its 100 and is truncated after 999 steps.
+    Initial positions are uniform in [-0.6, -0.4], at rest."""
+
+    env_id, physics_size, obs_size, max_action = "MountainCarContinuous-v0", 2, 2, 1.0
+    max_episode_steps = 999
+    power, gravity, max_speed = 0.0015, 0.0025, 0.07
+    min_position, max_position, goal_position = -1.2, 0.6, 0.45
+
+    def initial(self, like, generator=None):
+        u = _uniform(like, 1.0, generator)
+        return torch.stack([-0.5 + 0.1 * u[:, 0], torch.zeros_like(u[:, 1])], dim=-1).float()
+
+    def observe(self, physics):
+        return physics.float()
+
+    def transition(self, physics, action):
+        position, velocity = physics.unbind(-1)
+        a = action[:, 0].float()
+        slope = (torch.cos((3 * position).double()) * self.gravity).float()
+        velocity = (velocity + (a.clamp(-self.max_action, self.max_action) * self.power - slope))
+        velocity = velocity.clamp(-self.max_speed, self.max_speed)
+        position = (position + velocity).clamp(self.min_position, self.max_position)
+        velocity = torch.where((position == self.min_position) & (velocity < 0), 0.0, velocity)
+        reached = (position >= self.goal_position) & (velocity >= 0)
+        reward = torch.where(reached, 100.0, 0.0).double() - 0.1 * a.double().square()
+        return torch.stack([position, velocity], dim=-1), reward, reached
+
+
 class Acrobot(FunctionalEnv):
     """gymnasium's Acrobot-v1 (Sutton 1996; the book's dynamics): swing a two-link arm's tip above
     the bar by torquing the joint between the links.
@@ -310,7 +351,7 @@ def _observing(env_id: str, base: type, index: tuple[int, ...]) -> type:
 
 
 ENVS = {"CartPole-v1": CartPole, "Acrobot-v1": Acrobot, "Pendulum-v1": Pendulum,
-        "MountainCar-v0": MountainCar}
+        "MountainCar-v0": MountainCar, "MountainCarContinuous-v0": MountainCarContinuous}
 ENVS.update({env_id: _observing(env_id, ENVS[base], index) for env_id, (base, index) in FNRL_ENVS.items()
              if base in ENVS})
 """Env ids with a functional form: id -> class `(num_envs, seed, max_episode_steps=None)`; the

@@ -20,8 +20,8 @@ It serves PPO and A2C, feed-forward or recurrent (`--core lstm|gru`: the policy'
 travels in the scan with the env's state, under the serial sampler's protocol: `carry["reset"]`
 is set before every step, and the rollout holds `reset` and the `carry` each step started
 from), and the off-policy algorithms whose rollouts go into a row replay (the DQN family on
-the discrete tasks, DDPG / TD3 / SAC on Pendulum; their replay add and updates run as with
-any sampler). `act` is compiled into the rollout when it is an
+the discrete tasks, DDPG / TD3 / SAC on the continuous ones; their replay add and updates
+run as with any sampler). `act` is compiled into the rollout when it is an
 `fnrl.aot.AotAct` (what `fnrl.train` makes of a compiled run's act; its `select`ed state
 keys are the model's inputs), and the scan runs eagerly otherwise (`--no-compile`).
 
