@@ -32,6 +32,7 @@ def _agent(seed=0):
 PHYSICS_OF = {   # the env's physics from its observation (float32-rounded)
     "CartPole-v1": lambda obs: obs.double(),
     "Pendulum-v1": lambda obs: torch.stack([torch.atan2(obs[..., 1], obs[..., 0]), obs[..., 2]], -1).double(),
+    "MountainCarContinuous-v0": lambda obs: obs,   # float32 physics, observed as they are
 }
 
 
@@ -117,6 +118,18 @@ def test_compiled_pendulum_rollout_follows_the_env_and_a_gaussian_policy():
         assert sampler.model is not None
     check_rollout(rollout, state, env, config)
     assert rollout["truncated"].any() and not rollout["terminated"].any()
+
+
+def test_eager_mountain_car_continuous_rollout_follows_the_env_and_the_policy():
+    """A task whose physics are float32 (the observation is a copy of them: a scan's carry may alias
+    nothing), through the eager scan, which traces its body as the compiled one does."""
+    config = ppo.Config(env_id="MountainCarContinuous-v0", num_envs=4, num_steps=16)
+    env = functional.ENVS[config.env_id](4, seed=0, max_episode_steps=10)   # time limits within the rollout
+    agent = ppo.make(config, env.spec, compile=False)
+    state = agent.init(0)
+    rollout = GraphSampler(env, agent.act, 16).collect(state)
+    check_rollout(rollout, state, env, config)
+    assert rollout["truncated"].any()
 
 
 def test_vmapped_seeds_act_each_on_its_own_envs():

@@ -262,7 +262,7 @@ class MountainCarContinuous(FunctionalEnv):
         return torch.stack([-0.5 + 0.1 * u[:, 0], torch.zeros_like(u[:, 1])], dim=-1).float()
 
     def observe(self, physics):
-        return physics.float()
+        return physics.clone()   # its own tensor: the env state may alias nothing (a scan's carry)
 
     def transition(self, physics, action):
         position, velocity = physics.unbind(-1)
