@@ -205,76 +205,75 @@ class Pendulum(FunctionalEnv):
         return moved, -cost, torch.zeros_like(theta, dtype=torch.bool)
 
 
-class MountainCar(FunctionalEnv):
-    """gymnasium's MountainCar-v0 (Moore 1990): drive an underpowered car up the right hill.
+class _Valley(FunctionalEnv):
+    """The mountain car's valley (Moore 1990), shared by MountainCar and its continuous version:
+    physics [B, 2] = (position, velocity), initial positions uniform in [-0.6, -0.4] at rest, and
 
-    Physics [B, 2] = (position, velocity); actions 0 / 1 / 2 push left / not / right. Per step:
-
-        velocity' = clip(velocity + (action - 1) 0.001 - 0.0025 cos(3 position), -0.07, 0.07)
+        velocity' = clip(velocity + push - 0.0025 cos(3 position), -0.07, 0.07)
         position' = clip(position + velocity', -1.2, 0.6),   velocity' = 0 where position' = -1.2 and velocity' < 0
 
-    Every step earns -1; the episode terminates at position >= 0.5 (with velocity >= 0) and is
-    truncated after 200 steps. Initial positions are uniform in [-0.6, -0.4], at rest."""
+    with the goal reached at position' >= `goal_position` and velocity' >= 0."""
 
-    env_id, physics_size, obs_size, num_actions = "MountainCar-v0", 2, 2, 3
-    max_episode_steps = 200
-    force, gravity, max_speed = 0.001, 0.0025, 0.07
-    min_position, max_position, goal_position = -1.2, 0.6, 0.5
+    physics_size = obs_size = 2
+    gravity, max_speed, min_position, max_position = 0.0025, 0.07, -1.2, 0.6
+    goal_position: float
+    physics_dtype = torch.float64
 
     def initial(self, like, generator=None):
         u = _uniform(like, 1.0, generator)
-        return torch.stack([-0.5 + 0.1 * u[:, 0], torch.zeros_like(u[:, 1])], dim=-1)
+        return torch.stack([-0.5 + 0.1 * u[:, 0], torch.zeros_like(u[:, 1])], dim=-1).to(self.physics_dtype)
 
     def observe(self, physics):
-        return physics.float()
+        return physics.to(torch.float32, copy=True)   # a copy even of float32 physics: a scan's carry aliases nothing
+
+    def roll(self, position, velocity):
+        """(physics' [B, 2], goal reached [B]) from the position and the velocity after its push and pull."""
+        velocity = velocity.clamp(-self.max_speed, self.max_speed)
+        position = (position + velocity).clamp(self.min_position, self.max_position)
+        velocity = torch.where((position == self.min_position) & (velocity < 0), 0.0, velocity)
+        return torch.stack([position, velocity], dim=-1), (position >= self.goal_position) & (velocity >= 0)
+
+
+class MountainCar(_Valley):
+    """gymnasium's MountainCar-v0: drive an underpowered car up the right hill (`_Valley`).
+
+    Actions 0 / 1 / 2 push left / not / right: push = (action - 1) 0.001. Every step earns -1;
+    the episode terminates at position >= 0.5 and is truncated after 200 steps."""
+
+    env_id, num_actions = "MountainCar-v0", 3
+    max_episode_steps = 200
+    force, goal_position = 0.001, 0.5
 
     def transition(self, physics, action):
         position, velocity = physics.unbind(-1)
         velocity = velocity + ((action.to(physics.dtype) - 1) * self.force + torch.cos(3 * position) * -self.gravity)
-        velocity = velocity.clamp(-self.max_speed, self.max_speed)
-        position = (position + velocity).clamp(self.min_position, self.max_position)
-        velocity = torch.where((position == self.min_position) & (velocity < 0), 0.0, velocity)
-        reached = (position >= self.goal_position) & (velocity >= 0)
-        return torch.stack([position, velocity], dim=-1), torch.full_like(position, -1.0), reached
+        physics, reached = self.roll(position, velocity)
+        return physics, torch.full_like(position, -1.0), reached
 
 
-class MountainCarContinuous(FunctionalEnv):
-    """gymnasium's MountainCarContinuous-v0: MountainCar with a force in [-1, 1] and an energy cost.
+class MountainCarContinuous(_Valley):
+    """gymnasium's MountainCarContinuous-v0: the valley (`_Valley`) with a force in [-1, 1] and an
+    energy cost: push = clip(a, -1, 1) 0.0015 and
 
-    Physics [B, 2] = (position, velocity) in float32, as gymnasium keeps its state (its step's
-    arithmetic is float32 too, but for the cosine, taken in float64). Per step, with
-    force = clip(a, -1, 1):
+        reward = 100 [goal reached] - 0.1 a^2        (a unclipped)
 
-        velocity' = clip(velocity + force 0.0015 - 0.0025 cos(3 position), -0.07, 0.07)
-        position' = clip(position + velocity', -1.2, 0.6),   velocity' = 0 where position' = -1.2 and velocity' < 0
-        reward = 100 [position' >= 0.45 and velocity' >= 0] - 0.1 a^2        (a unclipped)
+    The episode terminates at the goal (position >= 0.45) and is truncated after 999 steps. The
+    physics are float32, as gymnasium keeps its state, and so is its step's arithmetic but for
+    the cosine, taken in float64."""
 
-    The episode terminates where the reward has its 100 and is truncated after 999 steps.
-    Initial positions are uniform in [-0.6, -0.4], at rest."""
-
-    env_id, physics_size, obs_size, max_action = "MountainCarContinuous-v0", 2, 2, 1.0
+    env_id, max_action = "MountainCarContinuous-v0", 1.0
     max_episode_steps = 999
-    power, gravity, max_speed = 0.0015, 0.0025, 0.07
-    min_position, max_position, goal_position = -1.2, 0.6, 0.45
-
-    def initial(self, like, generator=None):
-        u = _uniform(like, 1.0, generator)
-        return torch.stack([-0.5 + 0.1 * u[:, 0], torch.zeros_like(u[:, 1])], dim=-1).float()
-
-    def observe(self, physics):
-        return physics.clone()   # its own tensor: the env state may alias nothing (a scan's carry)
+    power, goal_position = 0.0015, 0.45
+    physics_dtype = torch.float32
 
     def transition(self, physics, action):
         position, velocity = physics.unbind(-1)
         a = action[:, 0].float()
         slope = (torch.cos((3 * position).double()) * self.gravity).float()
-        velocity = (velocity + (a.clamp(-self.max_action, self.max_action) * self.power - slope))
-        velocity = velocity.clamp(-self.max_speed, self.max_speed)
-        position = (position + velocity).clamp(self.min_position, self.max_position)
-        velocity = torch.where((position == self.min_position) & (velocity < 0), 0.0, velocity)
-        reached = (position >= self.goal_position) & (velocity >= 0)
+        physics, reached = self.roll(position, velocity + (a.clamp(-self.max_action, self.max_action) * self.power
+                                                           - slope))
         reward = torch.where(reached, 100.0, 0.0).double() - 0.1 * a.double().square()
-        return torch.stack([position, velocity], dim=-1), reward, reached
+        return physics, reward, reached
 
 
 class Acrobot(FunctionalEnv):
