@@ -379,7 +379,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if sampler == "graph":
         from fnrl.samplers.graph import check_supported
 
-        check_supported(name, module, config)
+        check_supported(name, module)
     if threads is not None:
         torch.set_num_threads(threads)
     if update_threads is not None and update_threads < 1:

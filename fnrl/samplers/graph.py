@@ -48,7 +48,7 @@ OPTIONS: dict = {}
 """Inductor options of the rollout model."""
 
 
-def check_supported(algo: str, module, config) -> None:
+def check_supported(algo: str, module) -> None:
     """ConfigError, before any work, for a run the graph sampler cannot serve: one whose rollouts
     feed a sequence replay (R2D1); the envs it needs are checked by `fnrl.envs.functional.make`."""
     if getattr(module, "REPLAY", None) == "sequence":
