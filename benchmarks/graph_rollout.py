@@ -21,8 +21,8 @@ process (the host's speed drifts between runs, not between neighbouring rounds):
   compiled scan, no policy (the graph sampler's own ceiling).
 
 Then whole PPO iterations (collect + the compiled update, on `fnrl.train`'s threads) at
-`fnrl train ppo`'s default shapes, CleanRL's and purejaxrl's, serial vs alternating vs graph, in turn,
-with the same update function and parameters: env steps per second.
+`fnrl train ppo`'s default shapes, CleanRL's and purejaxrl's, serial vs alternating vs graph in
+turn, with the same update function and parameters: env steps per second.
 
     python benchmarks/graph_rollout.py [--rounds 15] [--envs 4,64] [--out benchmarks/graph_rollout.md]
 """

@@ -69,20 +69,18 @@ class AlternatingSampler:
         for lane, env in pairs:
             lane.begin()
             env.send(lane.act(state, explore))
-        if all(lane.batched_bookkeeping for lane in self.lanes):   # flags and statistics once, after the steps
-            for t in range(T):
-                for lane, env in pairs:
+        batched = all(lane.batched_bookkeeping for lane in self.lanes)   # flags and statistics after the steps
+        for t in range(T):
+            for lane, env in pairs:
+                if batched:
                     lane.record_raw(t, env.recv_raw())
-                    if t + 1 < T:
-                        env.send(lane.act(state, explore))
+                else:
+                    lane.record(t, env.recv_arrays())
+                if t + 1 < T:
+                    env.send(lane.act(state, explore))
+        if batched:
             for lane in self.lanes:
                 lane.finish(T)
-        else:
-            for t in range(T):
-                for lane, env in pairs:
-                    lane.record(t, env.recv_arrays())
-                    if t + 1 < T:
-                        env.send(lane.act(state, explore))
         return self.buffer.rollout
 
     def close(self) -> None:
