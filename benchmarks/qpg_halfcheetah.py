@@ -96,7 +96,8 @@ def fnrl_env_steps_per_second(algo: str, steps: int, update_threads: int | None 
 
     cfg = fnrl_config(algo, steps)
     result = train(algo, cfg, seed=0, compile=True, quiet=True, log_dir=tempfile.mkdtemp() + "/run",
-                   log_interval=500, tensorboard=False, plot=False, update_threads=update_threads)
+                   log_interval=500, tensorboard=False, plot=False, update_threads=update_threads,
+                   checkpoint_every=steps)   # one checkpoint (with the replay), at the end: SB3 writes none
     rows = [r for r in result.history if r["env_steps"] > LEARNING_STARTS + 1000]  # past compilation
     return sum(500 for _ in rows) / sum(500 / r["sps"] for r in rows)
 

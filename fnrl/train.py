@@ -20,6 +20,7 @@ import math
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 from fnrl import algos, aot, envs, samplers
 from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.errors import ConfigError
+from fnrl.replay import snapshot as replay_snapshot
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "fnrl-checkpoint-v3"  # v2: PPO/A2C states hold seed, hp and a stored learning rate; v3: DQN/QPG stored rates
@@ -315,7 +317,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     update_threads: torch intra-op threads while the serial loop updates (default: see
         `update_threads_for`: every core for updates of at least 2048 x 64 x 64 multiply-adds
         per layer or of images, else `threads`).
-    resume: a run folder; training continues from its checkpoint with its config.
+    resume: a run folder; training continues from its checkpoint with its config (and, where the
+        checkpoint holds them, its replay buffer and the graph sampler's envs; see `checkpoint`).
     stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value
         (with several seeds: once every seed has had a row that reaches it).
     num_seeds, sweep: train num_seeds seeds (seed, seed + 1, ...) and, with sweep={FIELD: [v1, ...]},
@@ -440,9 +443,12 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
     replay_state = None
+    update_credit = 0.0
     if resume is not None:
         state = ckpt["state"]
         counters = ckpt["counters"]
+        if off_policy:   # the experience the run had, where the checkpoint could hold it
+            replay_state, update_credit = _resumed_replay(ckpt, resume, device)
         if world.main:   # the checkpoint holds rank 0's RNG; other ranks reseed from where the run stands
             torch.set_rng_state(ckpt["torch_rng"])
             np.random.set_state(ckpt["numpy_rng"])
@@ -459,6 +465,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     from fnrl.logger import Logger
     sampler = samplers.make(sampler, env, agent.act, config.num_steps, device=device, agent=(name, config),
                             workers=sampler_workers)
+    # a sampler whose envs are tensors (the graph sampler's) snapshots them: the run resumes mid-episode
+    keeps_envs = world.size == 1 and hasattr(sampler, "state_dict")
+    if resume is not None and keeps_envs and ckpt.get("sampler") is not None:
+        sampler.load_state_dict(ckpt["sampler"])
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None) if world.main else RowsOnly()
     logger.group_keys = tuple(sweep or ())
     if update_threads is None:   # several ranks on one machine already share its cores
@@ -470,12 +480,18 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     checkpoint_every = checkpoint_every or max(steps_per_collect, config.total_steps // 10)
 
     def checkpoint():
+        """The run as it stands: state, counters, RNG and, in one process, what it can snapshot of its
+        data: the sampler's envs where they are tensors, the replay up to its size limit."""
         if not world.main:
             return
         save_checkpoint(run_dir / CHECKPOINT, {
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(run_config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(), "world_size": world.size,
+            "sampler": sampler.state_dict() if keeps_envs else None,
+            **({"replay": replay_state if world.size == 1 and replay_state is not None
+                and replay_snapshot.nbytes(replay_state) <= replay_snapshot.CHECKPOINT_BYTES else None,
+                "update_credit": update_credit} if off_policy else {}),
             **({"num_seeds": num_seeds, "sweep": sweep} if rows else {}),
         })
 
@@ -502,7 +518,6 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     last_return = float("nan")
     next_log = counters["env_steps"] + log_interval
     next_ckpt = counters["env_steps"] + checkpoint_every
-    update_credit = 0.0
     metrics = {}
     solved = False
     t_start = time.perf_counter() - counters["wall_s"]
@@ -623,6 +638,18 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         seeds_text = f"seeds {seed}-{seed + num_seeds - 1}" if num_seeds > 1 else f"seed {seed}"
         logger.plot(title=f"{name} {config.env_id} {seeds_text}" + (f", sweep {', '.join(sweep)}" if sweep else ""))
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+
+
+def _resumed_replay(ckpt: dict, resume, device) -> tuple:
+    """(the checkpoint's replay buffer on `device`, or None with a warning that it starts empty; the
+    loop's update credit)."""
+    saved = ckpt.get("replay")
+    if saved is None:
+        warnings.warn(f"checkpoint {resume} holds no replay buffer (one over "
+                      f"{replay_snapshot.CHECKPOINT_BYTES >> 30} GiB, or from a data-parallel run); "
+                      "the resumed run's replay starts empty", stacklevel=3)
+        return None, 0.0
+    return replay_snapshot.to_device(saved, device), ckpt.get("update_credit", 0.0)
 
 
 def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequence_replay: bool,

@@ -64,7 +64,9 @@ class GraphSampler:
         of it (then compiled into the rollout). A policy whose first call returns a carry is
         recurrent (`fnrl.samplers.serial`'s protocol).
     The env state (the last observation, the physics, the episode counters) and a recurrent
-    policy's carry and reset mask are kept between collects, as the serial sampler keeps them.
+    policy's carry and reset mask are kept between collects, as the serial sampler keeps them;
+    `state_dict()` / `load_state_dict(...)` snapshot and restore them, so a checkpointed run
+    resumes with every env mid-episode where it stood (`fnrl.train`'s `--resume`).
     """
 
     def __init__(self, env, act: Callable, horizon: int, device: str | torch.device = "cpu"):
@@ -92,7 +94,7 @@ class GraphSampler:
             obs = self.env_state["obs"]
             action, extras, carry = self.act(state, obs, None, True)
             _, step = self.env.step(dict(self.env_state.items()), action)
-        if carry is not None:   # the first step starts every episode: its carry is zeroed anyway
+        if carry is not None and self.policy is None:   # the first step starts every episode: zeroed anyway
             B = self.env.num_envs
             self.policy = TensorDict({"carry": carry.clone().zero_(),
                                       "reset": torch.ones(B, dtype=torch.bool, device=self.device)}, batch_size=[B])
@@ -171,6 +173,27 @@ class GraphSampler:
         else:
             self._rollout(*args, explore=explore)
         return self.buffer.rollout
+
+    def state_dict(self) -> TensorDict:
+        """A copy of what the next collect starts from: `env` (the env state [B]) and, for a
+        recurrent policy that has acted, `policy` (its carry and reset mask [B])."""
+        out = TensorDict({"env": self.env_state}, batch_size=[self.env.num_envs])
+        if self.policy is not None:
+            out["policy"] = self.policy
+        return out.clone().cpu()
+
+    def load_state_dict(self, saved: TensorDict) -> None:
+        """Continue from `state_dict()`'s snapshot; ConfigError if it is not one of these envs."""
+        env_state = saved["env"]
+        mine = self.env_state
+        if (set(env_state.keys()) != set(mine.keys()) or env_state.batch_size != mine.batch_size
+                or any(env_state[k].shape != v.shape or env_state[k].dtype != v.dtype for k, v in mine.items())):
+            raise ConfigError(f"the checkpoint's env state (batch {list(env_state.batch_size)}, keys "
+                              f"{sorted(env_state.keys())}) is not one of {self.env.num_envs} {self.env.env_id} "
+                              "envs; resume with the env and --num-envs it was written with")
+        mine.update_(env_state.to(self.device))
+        if "policy" in saved.keys():
+            self.policy = saved["policy"].to(self.device).clone()
 
     def close(self) -> None:
         """Nothing to release: the envs are tensors."""

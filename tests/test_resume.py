@@ -1,0 +1,110 @@
+"""`--resume` continues a run from its checkpoint.
+
+Every checkpoint holds the parameters, optimizer, normalizer statistics, counters and RNG; an
+off-policy run's also holds its replay buffer (up to `fnrl.replay.snapshot.CHECKPOINT_BYTES`) and,
+with the graph sampler, the envs themselves (tensors, mid-episode), with a recurrent policy's
+carry. Such a run, stopped after a checkpoint and resumed, ends with the parameters of a run that
+never stopped, bit for bit. EnvPool cannot snapshot its envs: those runs resume in fresh episodes.
+"""
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from fnrl import train as training
+from fnrl.algos import default_config, dqn, ppo, qpg
+
+PPO = ppo.Config(num_envs=4, num_steps=16, total_steps=4 * 4 * 16)   # 4 iterations; episodes span them
+PPO_LSTM = ppo.Config(env_id="fnrl/CartPoleNoVel-v1", num_envs=4, num_steps=16, total_steps=4 * 4 * 16,
+                      core="lstm", core_size=8, hidden=(8,))
+DQN = dqn.Config(total_steps=4 * 80, learning_starts=80, num_envs=4, num_steps=20, batch_size=16,
+                 buffer_size=1_000, replay_ratio=0.25)
+SAC = dataclasses.replace(default_config("sac"), env_id="Pendulum-v1", total_steps=4 * 64, learning_starts=64,
+                          num_envs=4, num_steps=16, batch_size=16, buffer_size=1_000, hidden=(16, 16))
+RUNS = {"ppo": ("ppo", PPO), "ppo-lstm": ("ppo", PPO_LSTM), "dqn": ("dqn", DQN), "sac": ("sac", SAC)}
+
+
+def _leaves(state):
+    return {k: v for k, v in state.items(include_nested=True, leaves_only=True) if torch.is_tensor(v)}
+
+
+def _same(a, b) -> bool:
+    a, b = _leaves(a), _leaves(b)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _stop_after_first_checkpoint(monkeypatch):
+    save = training.save_checkpoint
+
+    def save_then_stop(path, payload):
+        save(path, payload)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "save_checkpoint", save_then_stop)
+    return lambda: monkeypatch.setattr(training, "save_checkpoint", save)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=list(RUNS))
+def test_a_graph_sampler_run_stopped_and_resumed_ends_as_one_that_never_stopped(run, tmp_path, monkeypatch):
+    """Stopped after its checkpoint at half the run and resumed: the final state (parameters,
+    optimizer, statistics, counters) equals the uninterrupted run's. The same stop resumed from
+    fresh episodes and an empty replay, as an EnvPool run would, ends elsewhere."""
+    name, config = RUNS[run]
+    options = dict(compile=False, quiet=True, tensorboard=False, plot=False, sampler="graph")
+    half = config.total_steps // 2
+
+    whole = training.train(name, config, seed=3, log_dir=tmp_path / "whole", checkpoint_every=half, **options)
+    for folder in ("stopped", "forgetful"):
+        restore = _stop_after_first_checkpoint(monkeypatch)
+        with pytest.raises(KeyboardInterrupt):
+            training.train(name, config, seed=3, log_dir=tmp_path / folder, checkpoint_every=half, **options)
+        restore()
+    ckpt = training.load_checkpoint(tmp_path / "forgetful")
+    assert ckpt["counters"]["env_steps"] == half and ckpt["sampler"] is not None
+    assert (ckpt.get("replay") is not None) == (name != "ppo")
+    training.save_checkpoint(tmp_path / "forgetful" / training.CHECKPOINT, {**ckpt, "sampler": None, "replay": None})
+
+    resumed = training.train(name, None, resume=tmp_path / "stopped", **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the empty replay's warning
+        forgetful = training.train(name, None, resume=tmp_path / "forgetful", **options)
+    assert _same(whole.state, resumed.state)
+    assert not _same(whole.state, forgetful.state)
+    assert [r["env_steps"] for r in resumed.history] == [r["env_steps"] for r in whole.history]
+
+
+def test_an_off_policy_run_resumes_with_its_replay_and_says_when_it_cannot(tmp_path, monkeypatch):
+    """EnvPool envs start fresh episodes on resume, but the replay buffer comes back whole (the rows
+    written so far, the cursor, the update credit); a checkpoint without one (over the size limit)
+    resumes with an empty replay and one warning saying so."""
+    options = dict(compile=False, quiet=True, tensorboard=False, plot=False)
+    restore = _stop_after_first_checkpoint(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        training.train("dqn", DQN, seed=0, log_dir=tmp_path / "run", checkpoint_every=DQN.total_steps // 2, **options)
+    restore()
+    ckpt = training.load_checkpoint(tmp_path / "run")
+    assert ckpt["sampler"] is None and ckpt["replay"].steps_written == DQN.total_steps // 2 // DQN.num_envs
+    seen = []
+    resumed_replay = training._resumed_replay
+
+    def spy(*args):
+        replay, credit = resumed_replay(*args)
+        seen.append((replay.steps_written, credit))
+        return replay, credit
+
+    monkeypatch.setattr(training, "_resumed_replay", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        training.train("dqn", None, resume=tmp_path / "run", **options)
+    monkeypatch.setattr(training, "_resumed_replay", resumed_replay)
+    assert seen == [(DQN.total_steps // 2 // DQN.num_envs, ckpt["update_credit"])]
+
+    monkeypatch.setattr(training.replay_snapshot, "CHECKPOINT_BYTES", 0)
+    restore = _stop_after_first_checkpoint(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        training.train("dqn", DQN, seed=0, log_dir=tmp_path / "big", checkpoint_every=DQN.total_steps // 2, **options)
+    restore()
+    assert training.load_checkpoint(tmp_path / "big")["replay"] is None
+    with pytest.warns(UserWarning, match=r"holds no replay buffer .* the resumed run's replay starts empty"):
+        training.train("dqn", None, resume=tmp_path / "big", **options)
