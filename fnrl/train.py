@@ -489,8 +489,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(), "world_size": world.size,
             "sampler": sampler.state_dict() if keeps_envs else None,
-            **({"replay": replay_state if world.size == 1 and replay_state is not None
-                and replay_snapshot.nbytes(replay_state) <= replay_snapshot.CHECKPOINT_BYTES else None,
+            **({"replay": _checkpointed_replay(replay_state) if world.size == 1 else None,
                 "update_credit": update_credit} if off_policy else {}),
             **({"num_seeds": num_seeds, "sweep": sweep} if rows else {}),
         })
@@ -638,6 +637,14 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         seeds_text = f"seeds {seed}-{seed + num_seeds - 1}" if num_seeds > 1 else f"seed {seed}"
         logger.plot(title=f"{name} {config.env_id} {seeds_text}" + (f", sweep {', '.join(sweep)}" if sweep else ""))
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+
+
+def _checkpointed_replay(buffer):
+    """What a checkpoint holds of the replay: the buffer, if it has one of at most
+    `fnrl.replay.snapshot.CHECKPOINT_BYTES`, else None."""
+    if buffer is None or replay_snapshot.nbytes(buffer) > replay_snapshot.CHECKPOINT_BYTES:
+        return None
+    return buffer
 
 
 def _resumed_replay(ckpt: dict, resume, device) -> tuple:

@@ -25,11 +25,13 @@ import torch
 
 from fnrl import algos, envs
 from fnrl.errors import ConfigError
+from fnrl.replay import snapshot as replay_snapshot
 from fnrl.replay.shared import SharedReplay
 from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, TimedLock, start_method
 from fnrl.samplers.serial import SerialSampler
 from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _check_finite,
-                        _init_replay, _make_agent, _prepare_log_dir, save_checkpoint)
+                        _init_replay, _make_agent, _prepare_log_dir, _resumed_replay,
+                        save_checkpoint)
 
 ACT_KEYS = ("params", "obs_rms")
 """State keys an off-policy `act` may read besides env_steps (a module may set its own `ACT_KEYS`)."""
@@ -99,7 +101,9 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
 
     ctx_method = start_method(sampler_device)
     ctx = torch.multiprocessing.get_context(ctx_method)
-    replay = SharedReplay(_init_replay(config, example, spec, "cpu"), TimedLock(ctx.RLock()))
+    saved = _resumed_replay(ckpt, log_dir, "cpu")[0] if ckpt is not None else None   # the rows it had
+    replay = SharedReplay(saved if saved is not None else _init_replay(config, example, spec, "cpu"),
+                          TimedLock(ctx.RLock()))
     act_keys = [k for k in getattr(module, "ACT_KEYS", ACT_KEYS) if k != "env_steps" and k in state.keys(True)]
     params = SharedParams(state.select(*act_keys), TimedLock(ctx.Lock()))
     params.publish(state.select(*act_keys), counters["updates"])
@@ -113,7 +117,7 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
         save_checkpoint(run_dir / CHECKPOINT, {
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
+            "numpy_rng": np.random.get_state(), "replay": replay.snapshot() if replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES else None,
         })
 
     def check_finite() -> dict:

@@ -239,6 +239,7 @@ def test_short_run_logs_policy_lag_and_resumes(tmp_path):
     assert first.history[0]["env_steps"] < config.total_steps
     ckpt = load_checkpoint(run)
     assert ckpt["counters"]["env_steps"] == first.history[-1]["env_steps"]
+    assert ckpt["replay"].steps_written * config.num_envs >= ckpt["counters"]["env_steps"]   # the replay is kept
 
     result = train("dqn", seed=0, resume=run, compile=False, quiet=True, log_interval=800, tensorboard=False,
                    plot=False, sampler="async")
@@ -250,7 +251,9 @@ def test_short_run_logs_policy_lag_and_resumes(tmp_path):
     header = (run / "progress.csv").read_text().splitlines()[0].split(",")
     assert {"policy_lag", "opt_wait", "sampler_wait", "loss/q"} <= set(header)
     assert [r["env_steps"] for r in rows] == sorted(r["env_steps"] for r in rows)
-    assert load_checkpoint(run)["counters"]["env_steps"] == config.total_steps
+    last = load_checkpoint(run)
+    assert last["counters"]["env_steps"] == config.total_steps
+    assert last["replay"].steps_written * config.num_envs >= config.total_steps   # resumed with the first part's rows
 
 
 def test_sac_runs_async(tmp_path):

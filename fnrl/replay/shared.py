@@ -34,6 +34,7 @@ import torch
 from tensordict import TensorDict
 
 from fnrl.replay import buffer as replay
+from fnrl.replay import snapshot
 from fnrl.replay.buffer import ReplayBuffer
 
 __all__ = ["SharedReplay"]
@@ -65,6 +66,11 @@ class SharedReplay:
     @property
     def spec(self) -> replay.ReplaySpec:
         return self._buffer.spec
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffer's tensors."""
+        return snapshot.nbytes(self._buffer)
 
     def _current(self) -> ReplayBuffer:
         return dataclasses.replace(self._buffer, steps_written=int(self._steps_written))
