@@ -445,7 +445,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     replay_state = None
     update_credit = 0.0
     if resume is not None:
-        state = ckpt["state"]
+        state = _restored(state, ckpt["state"], resume)
         counters = ckpt["counters"]
         if off_policy:   # the experience the run had, where the checkpoint could hold it
             replay_state, update_credit = _resumed_replay(ckpt, resume, device)
@@ -637,6 +637,21 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         seeds_text = f"seeds {seed}-{seed + num_seeds - 1}" if num_seeds > 1 else f"seed {seed}"
         logger.plot(title=f"{name} {config.env_id} {seeds_text}" + (f", sweep {', '.join(sweep)}" if sweep else ""))
     return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+
+
+def _restored(fresh, saved, resume):
+    """A new run's `init` state `fresh` holding the checkpoint's values `saved` (copied in): the
+    resumed run then traces its ahead-of-time models from a state of a new run's key order and
+    layout, and finds them in the package cache (an update returns its state in another order);
+    ConfigError if the two states do not have the same entries."""
+    keys = list(fresh.keys(include_nested=True, leaves_only=True))
+    if (set(keys) != set(saved.keys(include_nested=True, leaves_only=True))
+            or any(fresh.get(k).shape != saved.get(k).shape or fresh.get(k).dtype != saved.get(k).dtype for k in keys)):
+        raise ConfigError(f"the state in checkpoint {resume} does not fit this fnrl version's state of the "
+                          "algorithm; resume it with the version that wrote it, or retrain")
+    for key in keys:
+        fresh.get(key).copy_(saved.get(key))
+    return fresh
 
 
 def _checkpointed_replay(buffer):

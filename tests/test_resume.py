@@ -34,12 +34,16 @@ def _same(a, b) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _stop_after_first_checkpoint(monkeypatch):
+def _stop_after_checkpoint(monkeypatch, n: int = 1):
+    """Make `train` stop (KeyboardInterrupt) right after its n-th checkpoint; returns the undo."""
     save = training.save_checkpoint
+    written = []
 
     def save_then_stop(path, payload):
         save(path, payload)
-        raise KeyboardInterrupt
+        written.append(path)
+        if len(written) == n:
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(training, "save_checkpoint", save_then_stop)
     return lambda: monkeypatch.setattr(training, "save_checkpoint", save)
@@ -56,7 +60,7 @@ def test_a_graph_sampler_run_stopped_and_resumed_ends_as_one_that_never_stopped(
 
     whole = training.train(name, config, seed=3, log_dir=tmp_path / "whole", checkpoint_every=half, **options)
     for folder in ("stopped", "forgetful"):
-        restore = _stop_after_first_checkpoint(monkeypatch)
+        restore = _stop_after_checkpoint(monkeypatch)
         with pytest.raises(KeyboardInterrupt):
             training.train(name, config, seed=3, log_dir=tmp_path / folder, checkpoint_every=half, **options)
         restore()
@@ -79,7 +83,7 @@ def test_an_off_policy_run_resumes_with_its_replay_and_says_when_it_cannot(tmp_p
     written so far, the cursor, the update credit); a checkpoint without one (over the size limit)
     resumes with an empty replay and one warning saying so."""
     options = dict(compile=False, quiet=True, tensorboard=False, plot=False)
-    restore = _stop_after_first_checkpoint(monkeypatch)
+    restore = _stop_after_checkpoint(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         training.train("dqn", DQN, seed=0, log_dir=tmp_path / "run", checkpoint_every=DQN.total_steps // 2, **options)
     restore()
@@ -101,10 +105,46 @@ def test_an_off_policy_run_resumes_with_its_replay_and_says_when_it_cannot(tmp_p
     assert seen == [(DQN.total_steps // 2 // DQN.num_envs, ckpt["update_credit"])]
 
     monkeypatch.setattr(training.replay_snapshot, "CHECKPOINT_BYTES", 0)
-    restore = _stop_after_first_checkpoint(monkeypatch)
+    restore = _stop_after_checkpoint(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         training.train("dqn", DQN, seed=0, log_dir=tmp_path / "big", checkpoint_every=DQN.total_steps // 2, **options)
     restore()
     assert training.load_checkpoint(tmp_path / "big")["replay"] is None
     with pytest.warns(UserWarning, match=r"holds no replay buffer .* the resumed run's replay starts empty"):
         training.train("dqn", None, resume=tmp_path / "big", **options)
+
+
+@pytest.mark.slow
+def test_a_compiled_graph_sampler_run_resumes_exactly(tmp_path, monkeypatch):
+    """The same with `fnrl train ppo --sampler graph`'s compiled models (the rollout model draws from
+    Inductor's generator, seeded from torch's global one: the checkpoint's RNG). The default run,
+    checkpointing every 2 iterations: stopped at its second checkpoint, and stopped at its first,
+    resumed and stopped at its next. Its models are the graph sampler's learning test's (one
+    compile, shared through the package cache), and the resumed run's are too."""
+    options = dict(compile=True, quiet=True, tensorboard=False, plot=False, sampler="graph")
+    every = 2 * ppo.Config().num_envs * ppo.Config().num_steps
+
+    def stopped_at_checkpoint(n, **kwargs):
+        restore = _stop_after_checkpoint(monkeypatch, n)
+        with pytest.raises(KeyboardInterrupt):
+            training.train("ppo", **kwargs, **options)
+        restore()
+
+    stopped_at_checkpoint(2, config=None, seed=3, log_dir=tmp_path / "whole", checkpoint_every=every)
+    stopped_at_checkpoint(1, config=None, seed=3, log_dir=tmp_path / "resumed", checkpoint_every=every)
+    stopped_at_checkpoint(1, resume=tmp_path / "resumed", checkpoint_every=every)
+    whole, resumed = (training.load_checkpoint(tmp_path / d) for d in ("whole", "resumed"))
+    assert whole["counters"]["env_steps"] == resumed["counters"]["env_steps"] == 2 * every
+    assert _same(whole["state"], resumed["state"])
+
+
+def test_a_checkpoint_whose_state_does_not_fit_stops_with_one_line(tmp_path, capsys):
+    from fnrl.cli import main
+
+    training.train("ppo", PPO, seed=0, log_dir=tmp_path / "run", compile=False, quiet=True, tensorboard=False,
+                   plot=False)
+    ckpt = training.load_checkpoint(tmp_path / "run")
+    training.save_checkpoint(tmp_path / "run" / training.CHECKPOINT, {**ckpt, "state": ckpt["state"].exclude(("params", "critic"))})
+    assert main(["train", "ppo", "--resume", str(tmp_path / "run"), "--no-compile", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not fit this fnrl version's state" in err and len(err.splitlines()) == 1
