@@ -3,7 +3,7 @@
 Every checkpoint holds the parameters, optimizer, normalizer statistics, counters and RNG; an
 off-policy run's also holds its replay buffer (up to `fnrl.replay.snapshot.CHECKPOINT_BYTES`) and,
 with the graph sampler, the envs themselves (tensors, mid-episode), with a recurrent policy's
-carry. Such a run, stopped after a checkpoint and resumed, ends with the parameters of a run that
+carry. Such a run (one seed or vmapped seeds), stopped after a checkpoint and resumed, ends with the parameters of a run that
 never stopped, bit for bit. EnvPool cannot snapshot its envs: those runs resume in fresh episodes.
 """
 import dataclasses
@@ -22,7 +22,8 @@ DQN = dqn.Config(total_steps=4 * 80, learning_starts=80, num_envs=4, num_steps=2
                  buffer_size=1_000, replay_ratio=0.25)
 SAC = dataclasses.replace(default_config("sac"), env_id="Pendulum-v1", total_steps=4 * 64, learning_starts=64,
                           num_envs=4, num_steps=16, batch_size=16, buffer_size=1_000, hidden=(16, 16))
-RUNS = {"ppo": ("ppo", PPO), "ppo-lstm": ("ppo", PPO_LSTM), "dqn": ("dqn", DQN), "sac": ("sac", SAC)}
+RUNS = {"ppo": ("ppo", PPO, {}), "ppo-lstm": ("ppo", PPO_LSTM, {}), "dqn": ("dqn", DQN, {}), "sac": ("sac", SAC, {}),
+        "ppo-2-seeds": ("ppo", PPO, {"num_seeds": 2}), "dqn-2-seeds": ("dqn", DQN, {"num_seeds": 2})}
 
 
 def _leaves(state):
@@ -54,15 +55,17 @@ def test_a_graph_sampler_run_stopped_and_resumed_ends_as_one_that_never_stopped(
     """Stopped after its checkpoint at half the run and resumed: the final state (parameters,
     optimizer, statistics, counters) equals the uninterrupted run's. The same stop resumed from
     fresh episodes and an empty replay, as an EnvPool run would, ends elsewhere."""
-    name, config = RUNS[run]
+    name, config, seeds = RUNS[run]
     options = dict(compile=False, quiet=True, tensorboard=False, plot=False, sampler="graph")
     half = config.total_steps // 2
 
-    whole = training.train(name, config, seed=3, log_dir=tmp_path / "whole", checkpoint_every=half, **options)
+    whole = training.train(name, config, seed=3, log_dir=tmp_path / "whole", checkpoint_every=half, **seeds,
+                           **options)
     for folder in ("stopped", "forgetful"):
         restore = _stop_after_checkpoint(monkeypatch)
         with pytest.raises(KeyboardInterrupt):
-            training.train(name, config, seed=3, log_dir=tmp_path / folder, checkpoint_every=half, **options)
+            training.train(name, config, seed=3, log_dir=tmp_path / folder, checkpoint_every=half, **seeds,
+                           **options)
         restore()
     ckpt = training.load_checkpoint(tmp_path / "forgetful")
     assert ckpt["counters"]["env_steps"] == half and ckpt["sampler"] is not None
