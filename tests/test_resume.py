@@ -1,11 +1,11 @@
 """`--resume` continues a run from its checkpoint.
 
-Every checkpoint holds the parameters, optimizer, normalizer statistics, counters and RNG; an off-
-policy run's also holds its replay buffer (up to `fnrl.replay.snapshot.CHECKPOINT_BYTES`) and, with
-the graph sampler, the envs themselves (tensors, mid-episode), with a recurrent policy's carry. Such
-a run (one seed or vmapped seeds), stopped after a checkpoint and resumed, ends with the parameters
-of a run that never stopped, bit for bit. EnvPool cannot snapshot its envs: those runs resume in
-fresh episodes.
+Every checkpoint holds the parameters, optimizer, normalizer statistics, counters and RNG; an
+off-policy run's also holds its replay buffer (up to `fnrl.replay.snapshot.CHECKPOINT_BYTES`) and,
+with the graph sampler, the envs themselves (tensors, mid-episode), with a recurrent policy's carry.
+Such a run (one seed or vmapped seeds), stopped after a checkpoint and resumed, ends with the
+parameters of a run that never stopped, bit for bit. EnvPool cannot snapshot its envs: those runs
+resume in fresh episodes.
 """
 import dataclasses
 import warnings
