@@ -114,12 +114,13 @@ def _train(argv: list[str]) -> int:
                              "eval_return_mean (default: never)")
     parser.add_argument("--eval-episodes", type=int, default=10, metavar="K",
                         help="episodes per evaluation (default: 10)")
-    parser.add_argument("--sampler", default="serial", metavar="NAME",
+    parser.add_argument("--sampler", default=None, metavar="NAME",
                         help="how rollouts are collected: serial, alternating (two EnvPool groups overlapping the "
                              "policy), parallel (worker processes), graph (CartPole-v1, Acrobot-v1, Pendulum-v1, "
                              "MountainCar-v0, MountainCarContinuous-v0 or fnrl/CartPoleNoVel-v1: the env's dynamics "
                              "in torch, compiled with the policy into one call per rollout) or async (off-policy: "
-                             "sampling in its own process writing a shared replay) (default: serial)")
+                             "sampling in its own process writing a shared replay) (default: serial; with --resume, the "
+                             "run's own)")
     parser.add_argument("--sampler-workers", type=int, default=None, metavar="W",
                         help="worker processes of --sampler parallel (default: one per core, dividing --num-envs)")
     parser.add_argument("--num-seeds", type=int, default=1, metavar="K",

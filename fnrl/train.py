@@ -306,7 +306,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
            quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
            threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
            plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
-           eval_episodes: int = 10, sampler: str = "serial", sampler_workers: int | None = None, num_seeds: int = 1,
+           eval_episodes: int = 10, sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1,
            sweep: dict | None = None, cuda_graphs: bool = False) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`.
 
@@ -333,7 +333,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
         parallel, graph: the env's dynamics in torch, compiled with the policy into one call per
         rollout, for the envs of fnrl.envs.functional: CartPole, Acrobot, Pendulum, MountainCar),
-        or "async" (off-policy: sampling in its own process, see fnrl.train_async).
+        or "async" (off-policy: sampling in its own process, see fnrl.train_async). Default: serial;
+        a resumed run's, the one its checkpoint was written with.
     sampler_workers: worker processes of the parallel sampler (default: one per core).
     cuda_graphs: replay the off-policy learner step from a CUDA graph (`fnrl.cudagraphs`; needs
         --device cuda, compile and the fused learner: one seed, a row replay without frame stacks).
@@ -352,6 +353,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         config = type(algos.default_config(name))(**_from_json(ckpt["config"]))
         log_dir, seed = resume, ckpt["seed"]
         num_seeds, sweep = ckpt.get("num_seeds", 1), ckpt.get("sweep")
+        sampler = sampler or ckpt.get("sampler", "serial")
+    sampler = sampler_name = sampler or "serial"
     config = config if config is not None else algos.default_config(name)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu")
@@ -467,8 +470,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                             workers=sampler_workers)
     # a sampler whose envs are tensors (the graph sampler's) snapshots them: the run resumes mid-episode
     keeps_envs = world.size == 1 and hasattr(sampler, "state_dict")
-    if resume is not None and keeps_envs and ckpt.get("sampler") is not None:
-        sampler.load_state_dict(ckpt["sampler"])
+    if resume is not None and keeps_envs and ckpt.get("sampler_state") is not None:
+        sampler.load_state_dict(ckpt["sampler_state"])
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None) if world.main else RowsOnly()
     logger.group_keys = tuple(sweep or ())
     if update_threads is None:   # several ranks on one machine already share its cores
@@ -488,7 +491,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(run_config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(), "world_size": world.size,
-            "sampler": sampler.state_dict() if keeps_envs else None,
+            "sampler": sampler_name, "sampler_state": sampler.state_dict() if keeps_envs else None,
             **({"replay": _checkpointed_replay(replay_state) if world.size == 1 else None,
                 "update_credit": update_credit} if off_policy else {}),
             **({"num_seeds": num_seeds, "sweep": sweep} if rows else {}),

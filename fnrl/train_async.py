@@ -117,7 +117,7 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
         save_checkpoint(run_dir / CHECKPOINT, {
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(), "replay": replay.snapshot() if replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES else None,
+            "numpy_rng": np.random.get_state(), "sampler": "async", "replay": replay.snapshot() if replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES else None,
         })
 
     def check_finite() -> dict:

@@ -69,14 +69,17 @@ def test_a_graph_sampler_run_stopped_and_resumed_ends_as_one_that_never_stopped(
                            **options)
         restore()
     ckpt = training.load_checkpoint(tmp_path / "forgetful")
-    assert ckpt["counters"]["env_steps"] == half and ckpt["sampler"] is not None
+    assert ckpt["counters"]["env_steps"] == half and ckpt["sampler"] == "graph"
+    assert ckpt["sampler_state"] is not None
     assert (ckpt.get("replay") is not None) == (name != "ppo")
-    training.save_checkpoint(tmp_path / "forgetful" / training.CHECKPOINT, {**ckpt, "sampler": None, "replay": None})
+    forgotten = {**ckpt, "sampler_state": None, "replay": None}   # as an EnvPool run resumes
+    training.save_checkpoint(tmp_path / "forgetful" / training.CHECKPOINT, forgotten)
 
-    resumed = training.train(name, None, resume=tmp_path / "stopped", **options)
+    again = {k: v for k, v in options.items() if k != "sampler"}   # the checkpoint names its sampler
+    resumed = training.train(name, None, resume=tmp_path / "stopped", **again)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # the empty replay's warning
-        forgetful = training.train(name, None, resume=tmp_path / "forgetful", **options)
+        forgetful = training.train(name, None, resume=tmp_path / "forgetful", **again)
     assert _same(whole.state, resumed.state)
     assert not _same(whole.state, forgetful.state)
     assert [r["env_steps"] for r in resumed.history] == [r["env_steps"] for r in whole.history]
@@ -92,7 +95,7 @@ def test_an_off_policy_run_resumes_with_its_replay_and_says_when_it_cannot(tmp_p
         training.train("dqn", DQN, seed=0, log_dir=tmp_path / "run", checkpoint_every=DQN.total_steps // 2, **options)
     restore()
     ckpt = training.load_checkpoint(tmp_path / "run")
-    assert ckpt["sampler"] is None and ckpt["replay"].steps_written == DQN.total_steps // 2 // DQN.num_envs
+    assert ckpt["sampler_state"] is None and ckpt["replay"].steps_written == DQN.total_steps // 2 // DQN.num_envs
     seen = []
     resumed_replay = training._resumed_replay
 
