@@ -468,7 +468,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     from fnrl.logger import Logger
     sampler = samplers.make(sampler, env, agent.act, config.num_steps, device=device, agent=(name, config),
                             workers=sampler_workers)
-    # a sampler whose envs are tensors (the graph sampler's) snapshots them: the run resumes mid-episode
+    # a sampler whose envs can be snapshot (the graph sampler's tensors, in-process gymnasium envs)
+    # keeps them in the checkpoint: the run resumes mid-episode
     keeps_envs = world.size == 1 and hasattr(sampler, "state_dict")
     if resume is not None and keeps_envs and ckpt.get("sampler_state") is not None:
         sampler.load_state_dict(ckpt["sampler_state"])

@@ -2,10 +2,10 @@
 
 Every checkpoint holds the parameters, optimizer, normalizer statistics, counters and RNG; an
 off-policy run's also holds its replay buffer (up to `fnrl.replay.snapshot.CHECKPOINT_BYTES`) and,
-with the graph sampler, the envs themselves (tensors, mid-episode), with a recurrent policy's carry.
-Such a run (one seed or vmapped seeds), stopped after a checkpoint and resumed, ends with the
-parameters of a run that never stopped, bit for bit. EnvPool cannot snapshot its envs: those runs
-resume in fresh episodes.
+the envs themselves (mid-episode), with a recurrent policy's carry, where they can be snapshot: the
+graph sampler's tensors and the serial sampler's in-process gymnasium envs. Such a run (one seed or
+vmapped seeds), stopped after a checkpoint and resumed, ends with the parameters of a run that never
+stopped, bit for bit. EnvPool cannot snapshot its envs: those runs resume in fresh episodes.
 """
 import dataclasses
 import warnings
@@ -51,13 +51,16 @@ def _stop_after_checkpoint(monkeypatch, n: int = 1):
     return lambda: monkeypatch.setattr(training, "save_checkpoint", save)
 
 
+@pytest.mark.parametrize("sampler", ["graph", "serial"])
 @pytest.mark.parametrize("run", RUNS, ids=list(RUNS))
-def test_a_graph_sampler_run_stopped_and_resumed_ends_as_one_that_never_stopped(run, tmp_path, monkeypatch):
+def test_a_run_stopped_and_resumed_ends_as_one_that_never_stopped(run, sampler, tmp_path, monkeypatch):
     """Stopped after its checkpoint at half the run and resumed: the final state (parameters,
-    optimizer, statistics, counters) equals the uninterrupted run's. The same stop resumed from
-    fresh episodes and an empty replay, as an EnvPool run would, ends elsewhere."""
+    optimizer, statistics, counters) equals the uninterrupted run's, through the graph sampler's
+    tensor envs and the serial sampler's in-process gymnasium envs (these few classic-control envs
+    step in-process, `fnrl.envs.steps_in_process`). The same stop resumed from fresh episodes and
+    an empty replay, as an EnvPool run would, ends elsewhere."""
     name, config, seeds = RUNS[run]
-    options = dict(compile=False, quiet=True, tensorboard=False, plot=False, sampler="graph")
+    options = dict(compile=False, quiet=True, tensorboard=False, plot=False, sampler=sampler)
     half = config.total_steps // 2
 
     whole = training.train(name, config, seed=3, log_dir=tmp_path / "whole", checkpoint_every=half, **seeds,
@@ -69,7 +72,7 @@ def test_a_graph_sampler_run_stopped_and_resumed_ends_as_one_that_never_stopped(
                            **options)
         restore()
     ckpt = training.load_checkpoint(tmp_path / "forgetful")
-    assert ckpt["counters"]["env_steps"] == half and ckpt["sampler"] == "graph"
+    assert ckpt["counters"]["env_steps"] == half and ckpt["sampler"] == sampler
     assert ckpt["sampler_state"] is not None
     assert (ckpt.get("replay") is not None) == (name != "ppo")
     forgotten = {**ckpt, "sampler_state": None, "replay": None}   # as an EnvPool run resumes
@@ -90,12 +93,14 @@ def test_an_off_policy_run_resumes_with_its_replay_and_says_when_it_cannot(tmp_p
     written so far, the cursor, the update credit); a checkpoint without one (over the size limit)
     resumes with an empty replay and one warning saying so."""
     options = dict(compile=False, quiet=True, tensorboard=False, plot=False)
+    config = dataclasses.replace(DQN, num_envs=8)   # more envs than step in-process: EnvPool's
+    half, rows = config.total_steps // 2, config.total_steps // 2 // config.num_envs
     restore = _stop_after_checkpoint(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        training.train("dqn", DQN, seed=0, log_dir=tmp_path / "run", checkpoint_every=DQN.total_steps // 2, **options)
+        training.train("dqn", config, seed=0, log_dir=tmp_path / "run", checkpoint_every=half, **options)
     restore()
     ckpt = training.load_checkpoint(tmp_path / "run")
-    assert ckpt["sampler_state"] is None and ckpt["replay"].steps_written == DQN.total_steps // 2 // DQN.num_envs
+    assert ckpt["sampler_state"] is None and ckpt["replay"].steps_written == rows
     seen = []
     resumed_replay = training._resumed_replay
 
@@ -106,15 +111,15 @@ def test_an_off_policy_run_resumes_with_its_replay_and_says_when_it_cannot(tmp_p
 
     monkeypatch.setattr(training, "_resumed_replay", spy)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", message=".*replay")   # no empty-replay warning
         training.train("dqn", None, resume=tmp_path / "run", **options)
     monkeypatch.setattr(training, "_resumed_replay", resumed_replay)
-    assert seen == [(DQN.total_steps // 2 // DQN.num_envs, ckpt["update_credit"])]
+    assert seen == [(rows, ckpt["update_credit"])]
 
     monkeypatch.setattr(training.replay_snapshot, "CHECKPOINT_BYTES", 0)
     restore = _stop_after_checkpoint(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        training.train("dqn", DQN, seed=0, log_dir=tmp_path / "big", checkpoint_every=DQN.total_steps // 2, **options)
+        training.train("dqn", config, seed=0, log_dir=tmp_path / "big", checkpoint_every=half, **options)
     restore()
     assert training.load_checkpoint(tmp_path / "big")["replay"] is None
     with pytest.warns(UserWarning, match=r"holds no replay buffer .* the resumed run's replay starts empty"):

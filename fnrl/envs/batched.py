@@ -303,6 +303,24 @@ class BatchedEnv:
                 "valid": valid, "episode_end": episode_end, "episode_return": episode_return,
                 "episode_length": episode_length}
 
+    def state_dict(self) -> dict | None:
+        """The envs mid-episode, where the backend can snapshot them (fnrl's in-process gymnasium
+        envs whose envs pickle: `InProcessEnvs.snapshot`), with the episode bookkeeping; else None
+        (EnvPool cannot snapshot its envs)."""
+        snapshot = getattr(self.raw, "snapshot", None)
+        raw = snapshot() if snapshot is not None else None
+        if raw is None:
+            return None
+        return {"raw": raw, "prev_done": self._prev_done.copy(), "ep_return": self._ep_return.copy(),
+                "ep_length": self._ep_length.copy()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from `state_dict()`'s snapshot."""
+        self.raw.restore(saved["raw"])
+        self._seed = None   # seeded already: a later reset must not reseed
+        self._prev_done, self._ep_return, self._ep_length = (saved[k].copy() for k in ("prev_done", "ep_return",
+                                                                                       "ep_length"))
+
     def step_td(self, action: torch.Tensor) -> TensorDict:
         """`step` as a TensorDict with batch size [B]."""
         return TensorDict(self.step(action), batch_size=[self.num_envs])

@@ -12,6 +12,8 @@ the same steps (`tests/test_envs.py::test_in_process_envs_step_as_gymnasium_sync
 """
 from __future__ import annotations
 
+import pickle
+
 import gymnasium as gym
 import numpy as np
 
@@ -67,6 +69,22 @@ class InProcessEnvs:
         self._ended = [a or b for a, b in zip(terminated, truncated)]
         return (self._stack(observations), np.array(rewards, dtype=np.float32), np.array(terminated, dtype=bool),
                 np.array(truncated, dtype=bool), {})
+
+    def snapshot(self) -> bytes | None:
+        """The envs as they stand (pickled: their states, time limits and random generators), or
+        None where an env does not pickle (e.g. one holding a simulator handle or a window)."""
+        try:
+            return pickle.dumps((self.envs, self._ended))
+        except Exception:   # noqa: BLE001 - whatever stops pickling: no snapshot
+            return None
+
+    def restore(self, snapshot: bytes) -> None:
+        """Continue from `snapshot()`'s envs (closing the current ones)."""
+        envs, ended = pickle.loads(snapshot)
+        if len(envs) != self.num_envs:
+            raise ValueError(f"a snapshot of {len(envs)} envs for {self.num_envs}")
+        self.close()
+        self.envs, self._ended = envs, list(ended)
 
     def render(self) -> tuple:
         """Each env's `render()` (envs made with a `render_mode`)."""

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from fnrl.errors import ConfigError
+
 STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
              "episode_length")
 
@@ -128,6 +130,25 @@ class Lane:
         if self.batched_bookkeeping and self.env.atari:
             shape = self._np_writes["reward"].shape
             self._score, self._lives_over = np.zeros(shape), np.zeros(shape, dtype=bool)
+
+    def state_dict(self) -> dict | None:
+        """What the next collect starts from, where the env can snapshot itself (`BatchedEnv.state_dict`):
+        the env, the last observation and a recurrent policy's carry and episode-start mask; else None."""
+        env = self.env.state_dict()
+        if env is None:
+            return None
+        return {"env": env, "obs": self._obs.clone(), "reset": self._reset.clone(),
+                "carry": None if self.carry is None else self.carry.clone()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from `state_dict()`'s snapshot (before the first collect)."""
+        if saved["obs"].shape != self._obs.shape:
+            raise ConfigError(f"the checkpoint's envs observe {list(saved['obs'].shape)}, these {list(self._obs.shape)}; "
+                              "resume with the env and --num-envs it was written with")
+        self.env.load_state_dict(saved["env"])
+        self._obs = saved["obs"].to(self.device)
+        self._reset = saved["reset"].to(self.device)
+        self.carry = None if saved["carry"] is None else saved["carry"].to(self.device)
 
     def begin(self) -> None:
         """Start a collect: obs[0] is the last observation of the previous one."""

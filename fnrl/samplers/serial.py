@@ -69,5 +69,13 @@ class SerialSampler:
                 lane.record(t, env.step_arrays(lane.act(state, explore)))
         return lane.rollout
 
+    def state_dict(self) -> dict | None:
+        """A snapshot of the envs mid-episode and the policy's carry (`Lane.state_dict`), where the env
+        backend can take one (fnrl's in-process gymnasium envs); None for EnvPool envs."""
+        return self.lane.state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.lane.load_state_dict(saved)
+
     def close(self) -> None:
         self.env.close()
