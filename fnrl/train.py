@@ -427,8 +427,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         env = vmapped.make_env(config.env_id, rows, config.num_envs)
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
     else:
-        # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
-        env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
+        # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs; ranks
+        # share the cores, so their EnvPool envs never poll (fnrl.envs.batched.EnvPoolCalls)
+        with _environ(envs.POLL_VAR, "0") if world.size > 1 else contextlib.nullcontext():
+            env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
     # one compiled graph samples and updates (fnrl.learner): row replay without frame dedup, one seed
     fused_learner = (FUSED_LEARNER and compile and off_policy and not rows and not sequence_replay
                      and not env.spec.is_atari)

@@ -216,6 +216,37 @@ def test_envpool_direct_calls_match_envpool_wrapper(env_id, num_envs):
     wrapped.close()
 
 
+def test_envpool_calls_poll_only_where_a_core_is_left_over(monkeypatch):
+    """`recv` polls the clock before EnvPool's recv where EnvPool's workers leave the process a core
+    (fewer workers than its cores) and `$FNRL_ENV_POLL` is not 0; a polling env steps exactly as
+    EnvPool's own `step`, and its running mean step time is a positive duration."""
+    from fnrl.envs.batched import polls
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert polls({"num_threads": 1, "num_envs": 64})
+    assert not polls({"num_threads": 2, "num_envs": 64}) and not polls({"num_threads": 0, "num_envs": 8})
+    assert polls({"num_threads": 0, "num_envs": 1})   # one env: one worker
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})   # e.g. a `fnrl launch` slot of one core
+    assert not polls({"num_threads": 1, "num_envs": 64})
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv(envs.POLL_VAR, "0")
+    assert not polls({"num_threads": 1, "num_envs": 64})
+    assert not envs.make("CartPole-v1", 8, backend="envpool")._calls.poll
+    monkeypatch.delenv(envs.POLL_VAR)
+    import envpool
+
+    env = envs.make("CartPole-v1", 8, seed=5, backend="envpool")
+    assert env._calls.poll and not envs.make("Pong-v5", 2)._calls.poll   # Atari: a worker per core
+    reference = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=8, seed=5)
+    env.reset()
+    reference.reset()
+    for t in range(300):
+        action = np.full(8, (t // 3) % 2, np.int32)
+        for a, b in zip(reference.step(action)[:4], env._calls.step(action)[:4]):
+            np.testing.assert_array_equal(a, b)
+    assert 0 < env._calls.step_s < 1
+
+
 def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
     """Classic-control steps are cheaper than a thread hand-off: one EnvPool thread; Atari keeps
     EnvPool's default (0: one per core); an explicit num_threads wins."""

@@ -46,8 +46,7 @@ def check_rollout(rollout, state, env, config=CONFIG):
     assert (~valid).any() and torch.all(rollout["reward"][~valid] == 0)   # reset steps
     assert torch.equal(valid[1:], ~rollout["done"][:-1])   # valid[t] = not done[t - 1]
     _, policy = common.actor_critic_policy(env.spec, config.hidden, config.activation)
-    d, value = policy(state["params"], obs)
-    torch.testing.assert_close(rollout["value"], value, atol=1e-5, rtol=1e-5)
+    d, _ = policy(state["params"], obs)
     torch.testing.assert_close(rollout["logp"], common.action_dist(env.spec).log_prob(*d, action),
                                atol=1e-5, rtol=1e-5)
     end = rollout["episode_end"]
@@ -218,7 +217,7 @@ def test_recurrent_eager_rollout_is_the_plain_loops():
 
 def test_compiled_recurrent_rollout_continues_its_carry():
     """Compiled: re-unrolling both collects' observations from the first one's stored carry with
-    their reset masks gives every stored value, log-prob and carry (so the carry crossed the collect)."""
+    their reset masks gives every stored log-prob and carry (so the carry crossed the collect)."""
     env, agent, state = _recurrent_agent()
     sampler = GraphSampler(env, AotAct(agent.act, ppo.ACT_KEYS, fallback=None), RNN.num_steps)
     first = sampler.collect(state).clone()
@@ -228,8 +227,7 @@ def test_compiled_recurrent_rollout_continues_its_carry():
     assert both["reset"][0].all() and torch.equal(both["reset"][1:], ~both["valid"][:-1])
     assert both["episode_end"].any()
     _, rnn, _ = common.config_policy(RNN, env.spec)
-    d, value, _ = rnn.unroll(state["params"], both["obs"], both["reset"], both["carry"][0])
-    torch.testing.assert_close(both["value"], value, atol=1e-5, rtol=1e-5)
+    d, _, _ = rnn.unroll(state["params"], both["obs"], both["reset"], both["carry"][0])
     torch.testing.assert_close(both["logp"], common.action_dist(env.spec).log_prob(*d, both["action"]),
                                atol=1e-5, rtol=1e-5)
     for t in (1, RNN.num_steps, 2 * RNN.num_steps - 1):   # the first step of the second collect among them

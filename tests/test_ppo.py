@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from fnrl import envs
-from fnrl.algos import a2c, ppo
+from fnrl.algos import a2c, common, ppo
 from fnrl.errors import ConfigError
 from fnrl.samplers import SerialSampler
 
@@ -61,6 +61,33 @@ def test_update_improves_surrogate_and_masks_invalid_steps():
     torch.manual_seed(1)
     s3, _ = agent.update(state, ro3)
     assert_close_td(s2["params"], s3["params"])
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_the_update_evaluates_the_critic_as_a_plain_loop_does(env_id):
+    """Vector observations: acting records no value; the update evaluates the critic on the whole
+    rollout in one call. Its value loss before the first step and its explained variance equal a
+    plain loop's: the critic at each step's observation, bootstrapped from the last next
+    observation, advantages by a reverse loop (termination cuts the bootstrap, done the trace)."""
+    config = dataclasses.replace(SMALL, env_id=env_id, num_steps=64, update_epochs=1, num_minibatches=1)
+    agent, state, spec, (ro,) = rollout_for(config)
+    assert "value" not in ro.keys() and (~ro["valid"]).any() == (env_id == "CartPole-v1")
+    _, policy = common.actor_critic_policy(spec, config.hidden, config.activation)
+    critic = [policy(state["params"], ro["obs"][t])[1] for t in range(config.num_steps)]
+    critic.append(policy(state["params"], ro["next_obs"][-1])[1])
+    gamma, lam = config.gamma, config.gae_lambda
+    adv, advantages = torch.zeros(config.num_envs), []
+    for t in reversed(range(config.num_steps)):
+        discount = gamma * (~ro["terminated"][t]).float()
+        adv = ro["reward"][t] + discount * critic[t + 1] - critic[t] + discount * lam * (~ro["done"][t]).float() * adv
+        advantages.insert(0, adv)
+    value, target = torch.stack(critic[:-1]), torch.stack(advantages) + torch.stack(critic[:-1])
+    valid = ro["valid"]
+    spread = common.masked_mean((target - common.masked_mean(target, valid)) ** 2, valid)
+    _, metrics = agent.update(state, ro)
+    torch.testing.assert_close(metrics["loss/value"], common.masked_mean(0.5 * (value - target) ** 2, valid))
+    torch.testing.assert_close(metrics["explained_variance"],
+                               1 - common.masked_mean((target - value) ** 2, valid) / (spread + 1e-8))
 
 
 @pytest.mark.parametrize("overrides", [dict(penalty="kl"), dict(normalize_obs=True, normalize_reward=True, clip_vloss=True)])

@@ -131,7 +131,7 @@ def test_compiled_vmapped_update_equals_eager_and_does_not_recompile(compiled_ro
     a_eager, x_eager, _ = eager.act(state, obs, None, False)
     a_comp, x_comp, _ = compiled_rows.act(state, obs, None, False)
     torch.testing.assert_close(a_comp, a_eager)
-    torch.testing.assert_close(x_comp["value"], x_eager["value"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x_comp["logp"], x_eager["logp"], rtol=1e-5, atol=1e-5)
     compiled_rows.act(state, obs, None, True)
     got["env_steps"] += 64
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -282,6 +282,13 @@ def actor_critic_policy(spec: EnvSpec, hidden=(64, 64), activation: str = "tanh"
     return build, policy
 
 
+def shares_torso(obs_shape) -> bool:
+    """Whether `actor_critic_policy`'s actor and critic share one torso (a conv torso for image
+    observations; vector observations get separate MLPs): then the value costs one linear head
+    beside the policy, else a whole second MLP."""
+    return not isinstance(obs_shape, dict) and len(obs_shape) == 3
+
+
 def init_params(build: Callable, seed: int) -> TensorDict:
     """Parameters of `build()` initialized from `seed`, leaving the global RNG untouched."""
     from fnrl.nets import parameters

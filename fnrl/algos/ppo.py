@@ -32,7 +32,7 @@ from tensordict import TensorDict
 
 from fnrl import aot, losses, optim
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
-                               masked_mean, scan_steps)
+                               masked_mean, scan_steps, shares_torso)
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.normalize import rms_init, rms_normalize, rms_update
@@ -213,14 +213,22 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
             state["kl_coef"] = torch.tensor(config.kl_init_coef)
         return TensorDict(state, batch_size=[])
 
+    # the critic's values: recorded while acting where they cost one head on the actor's torso (images),
+    # else evaluated by `prepare` on the whole rollout in one batched call, with the parameters that acted
+    value_in_act = not recurrent and shares_torso(spec.obs_shape)
+
     def act(state, obs, carry, explore: bool = True):
+        """The action and `extras`: its log-probability `logp`, and `value` where `value_in_act`
+        (a recurrent policy's `carry` too)."""
         extras = {}
         if recurrent:
             d, value, carry, extras["carry"] = rnn.step(state["params"], observe(state, obs), carry)
         else:
             d, value = policy(state["params"], observe(state, obs))
+        if value_in_act:
+            extras["value"] = value
         action = dist.sample(*d) if explore else dist.mode(*d)
-        return action, {"logp": dist.log_prob(*d, action), "value": value, **extras}, carry
+        return action, {"logp": dist.log_prob(*d, action), **extras}, carry
 
     def loss(params, mb, clip, kl_coef, hp):
         d, value = forward(params, mb)
@@ -267,24 +275,24 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         if config.normalize_obs:
             flat_obs = rollout["obs"].reshape(n, *rollout["obs"].shape[2:])
             new_state["obs_rms"] = rms_update(state["obs_rms"], flat_obs, rollout["valid"].reshape(n))
-        value = rollout["value"]
+        # the values of every observation and of the last next one [T + 1, B] (a recurrent policy
+        # re-unrolled from the segment's first carry); the policy's outputs too where needed
+        last_obs = observe(state, last_obs[None])
         if recurrent:
-            obs_all = torch.cat([obs, observe(state, last_obs[None])])
-            old_dist, value_all = rnn.rollout_unroll(params, obs_all, rollout)
-            old_dist, last_value = tuple(x[:-1] for x in old_dist), value_all[-1]
+            old_dist, value_all = rnn.rollout_unroll(params, torch.cat([obs, last_obs]), rollout)
+        elif value_in_act and config.penalty != "kl":
+            value_all = torch.cat([rollout["value"], policy(params, last_obs)[1]])
         else:
-            _, last_value = policy(params, observe(state, last_obs))
-        next_value = torch.cat([value[1:], last_value[None]])
+            old_dist, value_all = policy(params, torch.cat([obs, last_obs]))
+        value, next_value = value_all[:-1], value_all[1:]
         discount = hp["gamma"] * (~rollout["terminated"]).to(value.dtype)
         advantage = gae(reward, value, next_value, discount, rollout["done"], hp["gae_lambda"])
         batch = {"obs": obs, "action": rollout["action"], "logp": rollout["logp"], "value": value,
                  "advantage": advantage, "target": advantage + value, "valid": rollout["valid"]}
         if recurrent:
             batch.update(reset=rollout["reset"], carry=rollout["carry"])
-        elif config.penalty == "kl":
-            old_dist, _ = policy(params, obs)
         if config.penalty == "kl":
-            batch.update({f"old_dist{i}": x for i, x in enumerate(old_dist)})
+            batch.update({f"old_dist{i}": x[:-1] for i, x in enumerate(old_dist)})
         flat = TensorDict(batch, batch_size=[T, B])
         if not recurrent:
             flat = flat.reshape(n)

@@ -18,12 +18,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fnrl.envs.batched import BatchedEnv, _NUMPY_TO_TORCH
+from fnrl.envs.batched import POLL_VAR, BatchedEnv, _NUMPY_TO_TORCH
 from fnrl.envs.inprocess import InProcessEnvs
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 
-__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS", "steps_in_process", "envpool_task"]
+__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS", "steps_in_process", "envpool_task", "POLL_VAR"]
 
 FNRL_ENVS: dict[str, tuple[str, tuple[int, ...]]] = {
     # partially observed CartPole: [cart position, pole angle]; the velocities are dropped

@@ -20,6 +20,9 @@ truncations alike, and truncated episodes can bootstrap from it.
 """
 from __future__ import annotations
 
+import os
+from time import perf_counter
+
 import numpy as np
 import torch
 from tensordict import TensorDict
@@ -48,6 +51,24 @@ def _obs_to_torch(obs, batch_size):
     return _to_torch(obs)
 
 
+POLL_VAR = "FNRL_ENV_POLL"
+"""`0` in the environment: EnvPool envs made afterwards never poll (`EnvPoolCalls`). fnrl sets it
+in the processes that share the cores with other busy ones (parallel-sampler workers, the async
+sampler, IMPALA's actors, each rank of `--nproc N`)."""
+
+
+def polls(config: dict) -> bool:
+    """Whether `EnvPoolCalls.recv` polls the clock for EnvPool's env with `config` (its `config`
+    dict): where its worker threads leave this process a core of its own (fewer workers than
+    the cores it may run on; `num_threads=0` is one worker per core, at most one per env),
+    unless `$FNRL_ENV_POLL` is `0`."""
+    if os.environ.get(POLL_VAR) == "0":
+        return False
+    cores = len(os.sched_getaffinity(0))
+    workers = config.get("num_threads", 0) or min(config.get("num_envs", cores), cores)
+    return workers < cores
+
+
 class EnvPoolCalls:
     """EnvPool's C++ `_send` / `_recv` without its Python wrapper.
 
@@ -62,16 +83,32 @@ class EnvPoolCalls:
     wrapper returns (`terminated = done & ~trunc`, as EnvPool computes it).
 
     `of(raw)` is None for anything but a synchronous single-player EnvPool env with one
-    array observation: those keep the wrapper."""
+    array observation: those keep the wrapper.
+
+    Waiting (`poll`): EnvPool's `recv` puts the caller to sleep until its worker posts the
+    step, and a thread woken from sleep pays twice: the wake-up itself and, after it, its
+    own work runs on cold caches (on these 2-core VMs a 64-env PPO `act` took ~30 us right
+    after a busy wait and ~60 us right after `recv`; `benchmarks/env_wait.md`). Where a core
+    is left over for the caller (EnvPool's worker threads fewer than this process's cores,
+    as with the 1 thread of a classic-control task), `recv` first polls the clock until the
+    step is about due, `POLL_SHARE` of its running mean duration after `send`, and only
+    then calls EnvPool's `recv`, which by then sleeps little or not at all. The mean
+    follows the time from `send` to the results, so work done between them (the
+    alternating sampler's other half) leaves nothing to poll."""
 
     NEEDED = ("obs", "reward", "done", "trunc")
+    POLL_SHARE = 0.7
+    """The share of a step's mean duration `recv` polls the clock for before it calls EnvPool's."""
 
-    def __init__(self, raw, keys: list[str]):
+    def __init__(self, raw, keys: list[str], poll: bool = False):
         self.raw = raw
         self.index = {k: keys.index(k) for k in self.NEEDED}
         self.info = {k[len("info:"):]: i for i, k in enumerate(keys) if k in ("info:reward", "info:terminated")}
         self.dtype = raw._spec._action_spec[-1][0]
         self.args = None
+        self.poll = poll
+        self.step_s = 0.0   # running mean of a step's duration, send to results (seconds)
+        self._sent = 0.0
 
     @classmethod
     def of(cls, raw) -> "EnvPoolCalls | None":
@@ -83,20 +120,28 @@ class EnvPoolCalls:
             return None
         if not all(k in keys for k in cls.NEEDED) or any(k.startswith("obs:") for k in keys):
             return None
-        return cls(raw, list(keys))
+        return cls(raw, list(keys), poll=polls(config))
 
     def send(self, action: np.ndarray) -> None:
         if self.args is None:   # the first call: EnvPool converts and checks the action
             self.raw.send(action)
             self.args = self.raw._from(action)
-            return
-        self.args[-1] = action.astype(self.dtype, copy=False)
-        self.raw._send(self.args)
+        else:
+            self.args[-1] = action.astype(self.dtype, copy=False)
+            self.raw._send(self.args)
+        self._sent = perf_counter()
 
     def recv(self) -> tuple:
         """(obs, reward, terminated, truncated, info) as EnvPool's gymnasium `recv` returns them
         (info: only `reward` and `terminated`, where the env reports them: Atari)."""
-        state = self.raw._recv()
+        if self.poll:
+            due = self._sent + self.POLL_SHARE * self.step_s
+            while perf_counter() < due:
+                pass
+            state = self.raw._recv()
+            self.step_s += 0.125 * (perf_counter() - self._sent - self.step_s)
+        else:
+            state = self.raw._recv()
         i = self.index
         done, trunc = state[i["done"]], state[i["trunc"]]
         return (state[i["obs"]], state[i["reward"]], done & ~trunc, trunc,

@@ -353,6 +353,7 @@ def _actor_loop(index, env_id, num_envs, seed, horizon, request, reply, slots, c
                 parent_pid) -> None:
     from fnrl import envs
 
+    os.environ[envs.POLL_VAR] = "0"   # the actors share the cores with the learner: EnvPool's recv sleeps at once
     env = envs.make(env_id, num_envs, seed=seed)
     try:
         obs = env.reset()["obs"]
