@@ -481,6 +481,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         images = isinstance(env.spec.obs_shape, tuple) and len(env.spec.obs_shape) == 3
         update_threads = (update_threads_for(config, off_policy, width, threads, images) if world.size == 1
                           else threads)
+    if update_threads > 1 and isinstance(env, envs.BatchedEnv):
+        # the update's idle OpenMP threads spin on into the collect: a polling recv would be a third
+        # busy thread on the cores (64-env PPO collects 1.2-1.5x slower polling, `benchmarks/env_wait.md`)
+        env.poll = False
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)
     checkpoint_every = checkpoint_every or max(steps_per_collect, config.total_steps // 10)

@@ -245,6 +245,9 @@ def test_envpool_calls_poll_only_where_a_core_is_left_over(monkeypatch):
         for a, b in zip(reference.step(action)[:4], env._calls.step(action)[:4]):
             np.testing.assert_array_equal(a, b)
     assert 0 < env._calls.step_s < 1
+    env.poll = False   # what `fnrl.train` does where its update runs on several threads
+    assert not env.poll and not env._calls.poll
+    assert not envs.make("CartPole-v1", 2, backend="gymnasium").poll   # in-process envs never wait
 
 
 def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):

@@ -193,6 +193,17 @@ class BatchedEnv:
         self._raw = raw_env
         self._calls = EnvPoolCalls.of(raw_env) or raw_env   # `step` / `send` / `recv` of the backend
 
+    @property
+    def poll(self) -> bool:
+        """Whether `recv` polls the clock before EnvPool's (`EnvPoolCalls`; False for other backends).
+        Settable: a caller that keeps other threads busy while the envs step turns it off."""
+        return getattr(self._calls, "poll", False)
+
+    @poll.setter
+    def poll(self, on: bool) -> None:
+        if isinstance(self._calls, EnvPoolCalls):
+            self._calls.poll = on
+
     def reset(self) -> TensorDict:
         if self._seed is not None and not hasattr(self.raw, "send"):  # gymnasium seeds at reset
             obs, _ = self.raw.reset(seed=self._seed)
