@@ -427,10 +427,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         env = vmapped.make_env(config.env_id, rows, config.num_envs)
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
     else:
-        # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs; ranks
-        # share the cores, so their EnvPool envs never poll (fnrl.envs.batched.EnvPoolCalls)
-        with _environ(envs.POLL_VAR, "0") if world.size > 1 else contextlib.nullcontext():
-            env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
+        # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
+        env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
     # one compiled graph samples and updates (fnrl.learner): row replay without frame dedup, one seed
     fused_learner = (FUSED_LEARNER and compile and off_policy and not rows and not sequence_replay
                      and not env.spec.is_atari)
@@ -481,9 +479,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         images = isinstance(env.spec.obs_shape, tuple) and len(env.spec.obs_shape) == 3
         update_threads = (update_threads_for(config, off_policy, width, threads, images) if world.size == 1
                           else threads)
-    if update_threads > 1 and isinstance(env, envs.BatchedEnv):
-        # the update's idle OpenMP threads spin on into the collect: a polling recv would be a third
-        # busy thread on the cores (64-env PPO collects 1.2-1.5x slower polling, `benchmarks/env_wait.md`)
+    if (update_threads > 1 or world.size > 1) and isinstance(env, envs.BatchedEnv):
+        # a polling recv (fnrl.envs.batched.EnvPoolCalls) would be one busy thread too many: the
+        # update's idle OpenMP threads spin on into the collect (64-env PPO collects up to 1.24x
+        # slower polling, `benchmarks/env_wait.md`), and ranks share the cores
         env.poll = False
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 
 import numpy as np
@@ -56,9 +55,9 @@ def check_async(name: str, module, config, sampler_device: str = "cpu", max_lead
 
 def _build_actor(name: str, config, seed: int):
     """Run in the sampler process: its own env, the policy's act and an initial state."""
-    os.environ[envs.POLL_VAR] = "0"   # the sampler shares the cores with the learner: EnvPool's recv sleeps at once
     module = algos.load(name)
     env = envs.make(config.env_id, config.num_envs, seed=seed)
+    env.poll = False   # the sampler shares the cores with the learner: EnvPool's recv sleeps at once
     agent = module.make(config, env.spec)
     return env, agent.act, agent.init(seed)
 

@@ -52,9 +52,10 @@ def _obs_to_torch(obs, batch_size):
 
 
 POLL_VAR = "FNRL_ENV_POLL"
-"""`0` in the environment: EnvPool envs made afterwards never poll (`EnvPoolCalls`). fnrl sets it
-in the processes that share the cores with other busy ones (parallel-sampler workers, the async
-sampler, IMPALA's actors, each rank of `--nproc N`)."""
+"""`0` in the environment: EnvPool envs made afterwards never poll (`EnvPoolCalls`). fnrl itself
+turns polling off per env (`BatchedEnv.poll = False`) where other threads or processes keep the
+cores busy: parallel-sampler workers, the async sampler, IMPALA's actors, `--nproc N` ranks and a
+`fnrl train` run whose update runs on several threads."""
 
 
 def polls(config: dict) -> bool:

@@ -353,8 +353,8 @@ def _actor_loop(index, env_id, num_envs, seed, horizon, request, reply, slots, c
                 parent_pid) -> None:
     from fnrl import envs
 
-    os.environ[envs.POLL_VAR] = "0"   # the actors share the cores with the learner: EnvPool's recv sleeps at once
     env = envs.make(env_id, num_envs, seed=seed)
+    env.poll = False   # the actors share the cores with the learner: EnvPool's recv sleeps at once
     try:
         obs = env.reset()["obs"]
         reset = torch.ones(num_envs, dtype=torch.bool)

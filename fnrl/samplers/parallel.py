@@ -40,7 +40,7 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
-from fnrl.envs.batched import POLL_VAR, BatchedEnv
+from fnrl.envs.batched import BatchedEnv
 from fnrl.errors import ConfigError
 from fnrl.samplers.lane import Lane, RolloutBuffer
 
@@ -232,10 +232,10 @@ def _worker(conn, factory, num_envs, seed, columns, policy, spec, horizon, torch
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C: the learner shuts the workers down
     torch.set_num_threads(1)
     torch.manual_seed(torch_seed)
-    os.environ[POLL_VAR] = "0"   # the workers and the learner share the cores: EnvPool's recv sleeps at once
     env = None
     try:
         env = factory(num_envs, seed)
+        env.poll = False   # the workers and the learner share the cores: EnvPool's recv sleeps at once
         kind, value = policy
         if kind == "agent":
             from fnrl import algos
