@@ -102,7 +102,7 @@ def main() -> None:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from machine import cpu_model
+    from machine import cpu_model, prepend_report
 
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [f"# PPO iterations: {head} (+ working tree) against {base}, alternating processes", "",
@@ -127,10 +127,7 @@ def main() -> None:
                     print(lines[-1], flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    previous = args.out.read_text() if args.out.exists() else ""
-    args.out.write_text(text + ("\n" + previous if previous else ""))
+    prepend_report(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

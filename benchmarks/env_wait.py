@@ -46,7 +46,7 @@ from fnrl.samplers import SerialSampler
 from fnrl.train import _HeldStance, _intra_op_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_model  # noqa: E402
+from machine import cpu_model, prepend_report  # noqa: E402
 
 OUTPUT = Path(__file__).with_suffix(".md")
 T = 128
@@ -195,10 +195,7 @@ def main() -> None:
         for name, (c, u) in measured.items():
             ratio = f"{measured['poll'][0] / measured['sleep'][0]:.2f}x" if name == "poll" else ""
             lines.append(f"| {threads} | {name} | {c:.1f} | {u:.1f} | {64 * T / (c + u) * 1e3:,.0f} | {ratio} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    previous = args.out.read_text() if args.out.exists() else ""
-    args.out.write_text(text + ("\n" + previous if previous else ""))
+    prepend_report(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,3 +14,10 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def prepend_report(path: Path, text: str) -> None:
+    """Print `text` and write it on top of the earlier runs kept in `path`."""
+    print(text)
+    previous = path.read_text() if path.exists() else ""
+    path.write_text(text + ("\n" + previous if previous else ""))
