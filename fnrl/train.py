@@ -479,10 +479,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         images = isinstance(env.spec.obs_shape, tuple) and len(env.spec.obs_shape) == 3
         update_threads = (update_threads_for(config, off_policy, width, threads, images) if world.size == 1
                           else threads)
-    if (update_threads > 1 or world.size > 1) and isinstance(env, envs.BatchedEnv):
-        # a polling recv (fnrl.envs.batched.EnvPoolCalls) would be one busy thread too many: the
-        # update's idle OpenMP threads spin on into the collect (64-env PPO collects up to 1.24x
-        # slower polling, `benchmarks/env_wait.md`), and ranks share the cores
+    if not (threads == update_threads == 1 and world.size == 1) and isinstance(env, envs.BatchedEnv):
+        # a polling recv (fnrl.envs.batched.EnvPoolCalls) would be one busy thread too many: idle
+        # OpenMP threads of a multi-thread act or update spin on into the collect (64-env PPO
+        # collects up to 1.24x slower polling, `benchmarks/env_wait.md`), and ranks share the cores
         env.poll = False
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)

@@ -250,6 +250,28 @@ def test_envpool_calls_poll_only_where_a_core_is_left_over(monkeypatch):
     assert not envs.make("CartPole-v1", 2, backend="gymnasium").poll   # in-process envs never wait
 
 
+@pytest.mark.parametrize("update_threads, polled", [(1, True), (2, False)])
+def test_training_polls_only_with_a_single_threaded_act_and_update(monkeypatch, tmp_path, update_threads, polled):
+    """`fnrl train` keeps polling where acting and the update run on one thread each; with a
+    multi-thread update (idle OpenMP threads spin into the collect) its env waits sleeping."""
+    from fnrl import train as training
+    from fnrl.algos import ppo
+
+    seen = set()
+    recv = EnvPoolCalls.recv
+
+    def spy(self):
+        seen.add(self.poll)
+        return recv(self)
+
+    monkeypatch.setattr(EnvPoolCalls, "recv", spy)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})   # a spare core on any machine
+    config = ppo.Config(num_envs=8, num_steps=16, total_steps=2 * 8 * 16)
+    training.train("ppo", config, compile=False, quiet=True, tensorboard=False, plot=False,
+                   log_dir=tmp_path / "run", update_threads=update_threads)
+    assert seen == {polled}
+
+
 def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
     """Classic-control steps are cheaper than a thread hand-off: one EnvPool thread; Atari keeps
     EnvPool's default (0: one per core); an explicit num_threads wins."""

@@ -55,7 +55,7 @@ POLL_VAR = "FNRL_ENV_POLL"
 """`0` in the environment: EnvPool envs made afterwards never poll (`EnvPoolCalls`). fnrl itself
 turns polling off per env (`BatchedEnv.poll = False`) where other threads or processes keep the
 cores busy: parallel-sampler workers, the async sampler, IMPALA's actors, `--nproc N` ranks and a
-`fnrl train` run whose update runs on several threads."""
+`fnrl train` run whose act or update runs on several threads."""
 
 
 def polls(config: dict) -> bool:
