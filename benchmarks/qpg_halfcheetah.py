@@ -14,7 +14,7 @@ being every core):
     python benchmarks/qpg_halfcheetah.py [--sb3-python PATH] [--steps 3000]
 
 SB3 runs in a subprocess with `--sb3-python` (a Python with `stable-baselines3` and
-`gymnasium[mujoco]` installed; default: this one). Writes benchmarks/qpg_halfcheetah.md.
+`gymnasium[mujoco]` installed; default: this one). Writes its run on top of the earlier ones in benchmarks/qpg_halfcheetah.md.
 """
 from __future__ import annotations
 
@@ -227,7 +227,10 @@ def main(argv=None):
         f"--updates {args.updates}`.",
         "",
     ]
-    Path(args.out).write_text("\n".join(lines))
+    out = Path(args.out)   # this run under the title, the earlier ones kept below it
+    run = "\n".join([f"## Run of {time.strftime('%Y-%m-%d')}", "", *lines[2:]])
+    earlier = out.read_text().split("\n", 1)[1].lstrip("\n") if out.exists() else ""
+    out.write_text(f"{lines[0]}\n\n{run}\n{earlier}")
     print("\n".join(lines))
 
 
