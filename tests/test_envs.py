@@ -272,6 +272,54 @@ def test_training_polls_only_with_a_single_threaded_act_and_update(monkeypatch, 
     assert seen == {polled}
 
 
+def test_polling_follows_the_step_time_and_shrugs_off_a_stall(monkeypatch):
+    """On a fake clock: the mean step time converges to the env's, `recv` polls until 0.7 of it
+    after `send` even when the step is done at once, and a one-off 1 s stall moves the mean by
+    12.5% at most."""
+    from fnrl.envs import batched
+
+    clock = [0.0]
+
+    def tick():   # every reading of the clock takes a microsecond
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr(batched, "perf_counter", tick)
+
+    class Raw:   # EnvPool's calls as EnvPoolCalls uses them; a step is ready `duration` after send
+        _spec = type("Spec", (), {"_action_spec": [(np.int32,)]})()
+        duration = 100e-6
+
+        def _from(self, action):
+            return [action]
+
+        def send(self, action):
+            self.ready = clock[0] + self.duration
+
+        _send = send
+
+        def _recv(self):
+            clock[0] = max(clock[0], self.ready)
+            return [np.zeros((2, 4), np.float32), np.zeros(2, np.float32), np.zeros(2, bool), np.zeros(2, bool)]
+
+    raw = Raw()
+    calls = EnvPoolCalls(raw, ["obs", "reward", "done", "trunc"], poll=True)
+    action = np.zeros(2, np.int32)
+    for _ in range(100):
+        calls.step(action)
+    assert calls.step_s == pytest.approx(100e-6, rel=0.05)
+    mean, raw.duration = calls.step_s, 0.0
+    calls.step(action)
+    assert clock[0] - calls._sent >= 0.7 * mean   # polled although the step was ready at once
+    mean, raw.duration = calls.step_s, 1.0
+    calls.step(action)
+    assert mean < calls.step_s <= 1.125 * mean + 1e-12
+    raw.duration = 100e-6
+    for _ in range(100):
+        calls.step(action)
+    assert calls.step_s == pytest.approx(100e-6, rel=0.05)
+
+
 def test_envpool_threads_default_to_one_for_classic_control_only(monkeypatch):
     """Classic-control steps are cheaper than a thread hand-off: one EnvPool thread; Atari keeps
     EnvPool's default (0: one per core); an explicit num_threads wins."""

@@ -94,8 +94,9 @@ class EnvPoolCalls:
     as with the 1 thread of a classic-control task), `recv` first polls the clock until the
     step is about due, `POLL_SHARE` of its running mean duration after `send`, and only
     then calls EnvPool's `recv`, which by then sleeps little or not at all. The mean
-    follows the time from `send` to the results, so work done between them (the
-    alternating sampler's other half) leaves nothing to poll."""
+    follows the time from `send` to the results (each sample clipped at twice the mean, so a
+    stall of the host does not leave the caller polling for long), and work done between
+    them leaves nothing to poll."""
 
     NEEDED = ("obs", "reward", "done", "trunc")
     POLL_SHARE = 0.7
@@ -140,7 +141,8 @@ class EnvPoolCalls:
             while perf_counter() < due:
                 pass
             state = self.raw._recv()
-            self.step_s += 0.125 * (perf_counter() - self._sent - self.step_s)
+            took = perf_counter() - self._sent   # clipped at twice the mean: one stall moves it 12.5% at most
+            self.step_s += 0.125 * (min(took, 2 * self.step_s or took) - self.step_s)
         else:
             state = self.raw._recv()
         i = self.index
