@@ -216,6 +216,15 @@ def test_envpool_direct_calls_match_envpool_wrapper(env_id, num_envs):
     wrapped.close()
 
 
+def _polling(env_id, num_envs, **kwargs) -> bool:
+    """Whether a freshly made env polls (`BatchedEnv.poll`); the env is closed again."""
+    env = envs.make(env_id, num_envs, **kwargs)
+    try:
+        return env.poll
+    finally:
+        env.close()
+
+
 def test_envpool_calls_poll_only_where_a_core_is_left_over(monkeypatch):
     """`recv` polls the clock before EnvPool's recv where EnvPool's workers leave the process a core
     (fewer workers than its cores) and `$FNRL_ENV_POLL` is not 0; a polling env steps exactly as
@@ -231,12 +240,12 @@ def test_envpool_calls_poll_only_where_a_core_is_left_over(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setenv(envs.POLL_VAR, "0")
     assert not polls({"num_threads": 1, "num_envs": 64})
-    assert not envs.make("CartPole-v1", 8, backend="envpool")._calls.poll
+    assert not _polling("CartPole-v1", 8, backend="envpool")
     monkeypatch.delenv(envs.POLL_VAR)
     import envpool
 
     env = envs.make("CartPole-v1", 8, seed=5, backend="envpool")
-    assert env._calls.poll and not envs.make("Pong-v5", 2)._calls.poll   # Atari: a worker per core
+    assert env._calls.poll and not _polling("Pong-v5", 2)   # Atari: a worker per core
     reference = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=8, seed=5)
     env.reset()
     reference.reset()
@@ -247,7 +256,9 @@ def test_envpool_calls_poll_only_where_a_core_is_left_over(monkeypatch):
     assert 0 < env._calls.step_s < 1
     env.poll = False   # what `fnrl.train` does where its update runs on several threads
     assert not env.poll and not env._calls.poll
-    assert not envs.make("CartPole-v1", 2, backend="gymnasium").poll   # in-process envs never wait
+    env.close()
+    reference.close()
+    assert not _polling("CartPole-v1", 2, backend="gymnasium")   # in-process envs never wait
 
 
 @pytest.mark.parametrize("update_threads, polled", [(1, True), (2, False)])
