@@ -13,7 +13,8 @@ directly with a list of tensors:
     act = AotAct(agent.act, keys=ppo.ACT_KEYS, fallback=compiled_act)
     action, extras, carry = act(state, obs, None, True)    # the same contract as agent.act
 
-It serves the calls the sampler makes in training: `carry=None` (feed-forward policies),
+It serves the calls the sampler makes in training on the CPU (`serves`: CUDA calls go through
+`torch.compile` and, with `--cuda-graphs`, CUDA graphs): `carry=None` (feed-forward policies),
 `explore=True`, observations of the shape, strides and dtype of the first call, and `extras` a flat
 dict of tensors. Every other call (evaluation's `explore=False`, another batch size, a
 recurrent carry, or an `act` that cannot be exported) goes to `fallback`, e.g. the same
@@ -49,6 +50,17 @@ ENABLED = True
 """Compiled training runs (`fnrl.train`, `fnrl.seeds`) act through `AotAct`, and the off-policy
 loop's fused learner step runs as an AOTInductor model (`fnrl.learner`); False: both through
 `torch.compile` only."""
+
+
+def serves(device) -> bool:
+    """Whether calls on `device` go through AOTInductor models: where `ENABLED`, on the CPU.
+
+    On the CPU a model skips TorchDynamo's guards and Python per call, which is what bounds
+    small steps there. On a GPU that host time overlaps the kernels, CUDA graphs remove it
+    (`fnrl.cudagraphs`), and loading a CUDA model crashed the process (segmentation fault in
+    `torch._inductor.aoti_load_package`, torch 2.11 on an H200, `benchmarks/gpu_check.md`):
+    CUDA calls go through `torch.compile`."""
+    return ENABLED and torch.device(device).type == "cpu"
 
 
 def cache_dir() -> Path:
@@ -326,7 +338,7 @@ class AotAct:
         self.obs_meta = (obs.shape, obs.stride(), obs.dtype, obs.device)
 
     def serves(self, obs, carry, explore) -> bool:
-        return (carry is None and explore and not self.failed and torch.is_tensor(obs)
+        return (carry is None and explore and not self.failed and torch.is_tensor(obs) and serves(obs.device)
                 and (self.obs_meta is None or (obs.shape, obs.stride(), obs.dtype, obs.device) == self.obs_meta))
 
     def __call__(self, state: TensorDict, obs, carry=None, explore: bool = True):

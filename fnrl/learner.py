@@ -22,7 +22,7 @@ What that saves, per update of CleanRL's DQN CartPole settings (batch 128, 120x8
 1 core; `benchmarks/learner_step.md`): the separate compiled sample (a [N] batch
 TensorDict rebuilt in Python) and the second compiled call's entry, and the Python that
 rebuilds a new nested state TensorDict (params, target params, Adam moments) after every
-update; the graph's own calls are made from C++ (Inductor's `cpp_wrapper`).
+update; on the CPU the graph's own calls are made from C++ (Inductor's `cpp_wrapper`).
 
 It draws with Inductor's `fallback_random`, so it uses the random numbers that the eager
 `replay.sample` + `update` draw: with the same seed both give the same batches and the same
@@ -55,6 +55,7 @@ import torch
 
 from fnrl import aot
 from fnrl import replay as row_replay
+from fnrl.inductor import compile_with_cpp_wrapper_on_cpu
 
 
 def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused: bool, ahead_of_time: bool = False,
@@ -102,8 +103,7 @@ def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: 
                                       dedup=False)
         return metrics
 
-    compiled = torch.compile(step, fullgraph=True, dynamic=False,
-                             options={"cpp_wrapper": True, "fallback_random": True})
+    compiled = compile_with_cpp_wrapper_on_cpu(step, {"fallback_random": True}, fullgraph=True, dynamic=False)
     model = None         # the step as an AOTInductor model (fnrl.aot.AotFunction), built at the first call
     graphed = None       # the compiled step replayed from a CUDA graph (fnrl.cudagraphs), with cuda_graph
     beta_tensor = None   # one 0-d tensor refilled per call (a graph input, so a new beta never recompiles)
@@ -119,7 +119,7 @@ def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: 
 
                 graphed = GraphedStep(functools.partial(compiled, spec=buffer.spec))
             return state, buffer, graphed(*_parts(state, buffer, beta_tensor))
-        if ahead_of_time:
+        if ahead_of_time and aot.serves(buffer.tree.device):
             if model is None:
                 model = aot.function_or_none("the learner step is", functools.partial(step, spec=buffer.spec),
                                              _parts(state, buffer, beta_tensor), {"fallback_random": True})

@@ -68,3 +68,14 @@ def test_aot_functions_that_differ_only_inside_a_scan_body_are_different_models(
         got = aot.AotFunction(adding(c), (x, xs))(x, xs)
         torch.testing.assert_close(got, torch.full((3,), 4 * c))
     assert len(list((tmp_path / "aoti").glob("*.pt2"))) == 2
+
+
+def test_aot_serves_the_cpu_only(monkeypatch):
+    """AOTInductor models serve CPU calls; CUDA calls go through torch.compile (a CUDA model's
+    load crashed the process on an H200, and CUDA graphs do the models' job there)."""
+    from fnrl import aot
+
+    assert aot.serves("cpu") and aot.serves(torch.device("cpu"))
+    assert not aot.serves("cuda") and not aot.serves(torch.device("cuda", 0))
+    monkeypatch.setattr(aot, "ENABLED", False)
+    assert not aot.serves("cpu")

@@ -279,7 +279,7 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False
     if compiled and not spec.frame_dedup and W >= spec.n_step and C >= T + spec.n_step:
         args = (buffer.storage, buffer.rows, buffer.tree, buffer.max_priority, buffer.sampleable_count, data,
                 torch.scalar_tensor(W, dtype=torch.int64, device=spec.device))
-        write = _aot_write(spec, args) if ahead_of_time else None
+        write = _aot_write(spec, args) if ahead_of_time and aot.serves(spec.device) else None
         if write is not None:
             write(*args)
         else:

@@ -162,7 +162,7 @@ class GraphSampler:
         if self.buffer is None:
             self._allocate(chosen)
         args = (chosen, self.env_state, self._buffers()) + (() if self.policy is None else (self.policy,))
-        if self.compiled and explore and not self._built:
+        if self.compiled and explore and not self._built and aot.serves(self.device):   # CUDA: eager scan
             self._built = True
             try:
                 self.model = aot.AotFunction(self._rollout, args, OPTIONS)
