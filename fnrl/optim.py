@@ -393,8 +393,13 @@ def apply_updates(params: TensorDictBase, updates: TensorDictBase) -> TensorDict
 def polyak(target: TensorDictBase, online: TensorDictBase, tau: float | torch.Tensor) -> TensorDictBase:
     """Soft target update target <- (1 - tau) * target + tau * online, one fused lerp.
 
-    (Lillicrap et al. 2016, DDPG, arXiv:1509.02971.) Returns the new target.
+    (Lillicrap et al. 2016, DDPG, arXiv:1509.02971.) Returns the new target. A tensor `tau`
+    (a 0-d weight computed in the update, e.g. DQN's tau * [update due]) goes to each leaf's
+    `torch.lerp` as a tensor: the fused `_foreach_lerp` takes a Python number, which a compiled
+    graph would read off the device (a sync per update, and no CUDA graph capture).
     """
+    if torch.is_tensor(tau):
+        return target.apply(lambda t, o: torch.lerp(t, o, tau.to(t.dtype)), online)
     return target.lerp(online, tau)
 
 

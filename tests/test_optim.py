@@ -101,6 +101,28 @@ def test_polyak_and_hard_update_hand_values():
     assert copied["w"].data_ptr() != online["w"].data_ptr()
 
 
+def test_polyak_with_a_tensor_weight_reads_no_number_off_the_device():
+    """A 0-d tensor tau gives what the same float gives (exactly the start at 0, the end at 1),
+    and a compiled graph keeps it a tensor: no `.item()` (a sync per update on a GPU, and no
+    CUDA graph capture)."""
+    target = TensorDict({"w": torch.randn(3), "net": {"b": torch.randn(2, 2)}}, [])
+    online = TensorDict({"w": torch.randn(3), "net": {"b": torch.randn(2, 2)}}, [])
+    for tau in (0.0, 0.3, 1.0):
+        assert_td_close(polyak(target, online, torch.tensor(tau)), polyak(target, online, tau), rtol=0, atol=0)
+    assert_td_close(polyak(target, online, torch.tensor(1.0)), online, rtol=0, atol=0)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t, o, w: polyak(t, o, w * 0.5), backend=backend, fullgraph=True)
+    assert_td_close(compiled(target, online, torch.tensor(0.6)), polyak(target, online, 0.3))
+    calls = [str(n.target) for g in graphs for n in g.graph.nodes]
+    assert graphs and not any("item" in c or "local_scalar" in c for c in calls), calls
+
+
 def test_schedules_hand_values():
     steps = torch.tensor([0, 5, 10, 15])
     linear = linear_schedule(1.0, 0.2, 10)

@@ -159,8 +159,10 @@ def switch(pred: torch.Tensor, on_true: Callable, on_false: Callable, carry: tup
     Python `if` picks the branch: an eager torch.cond traces both branches through TorchDynamo
     for every new pair of functions (20-40 s for TD3's update on this CPU), and eagerly a sync
     costs nothing. Under vmap (seeds), where torch.cond with gradients in its branches does
-    not trace, both branches run and each row takes its own with `torch.where`. The
-    TensorDicts cross as leaves, in one flat tuple with the outputs.
+    not trace, both branches run and each row takes its own with `torch.where`; so they do on
+    a GPU, where Inductor's cond reads the predicate on the host: a sync per call, which also
+    forbids capturing the step in a CUDA graph (`fnrl.cudagraphs`). The TensorDicts cross as
+    leaves, in one flat tuple with the outputs.
     """
     if _plain_eager():
         new_carry, outs = (on_true if bool(pred) else on_false)(*carry)
@@ -177,13 +179,19 @@ def switch(pred: torch.Tensor, on_true: Callable, on_false: Callable, carry: tup
         return run
 
     operands = leaves.flatten(carry)
-    if torch._C._functorch.is_batchedtensor(pred) or _eager_under_transform():   # vmap: each row its own
+    if takes_both_branches(pred):
         taken, other = branch(on_true)(*operands), branch(on_false)(*operands)
         results = tuple(torch.where(pred, t, f) for t, f in zip(taken, other))
     else:
         results = torch.cond(pred, branch(on_true), branch(on_false), operands)
     n = len(operands)
     return leaves.unflatten(results[:n]), tuple(results[n:])
+
+
+def takes_both_branches(pred: torch.Tensor) -> bool:
+    """Whether `switch` runs both branches and picks with `torch.where` (see `switch`): under
+    vmap, eagerly inside a torch.func transform, and on a GPU."""
+    return torch._C._functorch.is_batchedtensor(pred) or _eager_under_transform() or pred.is_cuda
 
 
 _gradient_reducer: Callable | None = None
