@@ -96,8 +96,8 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                         help="torch.compile the update and acting steps (default: on)")
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
-                        help="replay the off-policy learner step from a CUDA graph (needs --device cuda; "
-                             "default: off)")
+                        help="replay steps from CUDA graphs: the off-policy learner step; PPO's / A2C's update "
+                             "and acting step (needs --device cuda; default: off)")
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue the run in DIR from its checkpoint")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--update-threads", type=int, default=None, metavar="N",

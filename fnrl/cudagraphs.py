@@ -103,24 +103,107 @@ class GraphedStep:
         return out
 
 
+class GraphedUpdate:
+    """An on-policy `update(state, rollout) -> (state, metrics)` replayed from one CUDA graph.
+
+    The state is donated: each call writes the new state into the tensors of the state passed
+    in and returns that same TensorDict, so the next call (and the acting step, `GraphedAct`)
+    finds it where the graph left it. The rollout is the sampler's preallocated buffer. An
+    update that draws its minibatch order on the host (PPO: `update.minibatch_order(state,
+    device)`, from the seed and env steps) gets it copied into one fixed tensor before each
+    replay and passed as `update(state, rollout, perms=...)`. Metrics: the graph's own tensors.
+    """
+
+    def __init__(self, update: Callable, warmup: int = 2, graph: Callable | None = None,
+                 capture: Callable | None = None):
+        self.update = update
+        self.order = getattr(update, "minibatch_order", None)
+        self.perms = None
+        self.graphed = GraphedStep(self._donated, warmup, graph, capture)
+
+    def _donated(self, state, rollout, *perms):
+        new_state, metrics = self.update(state, rollout, **({"perms": perms[0]} if perms else {}))
+        state.update_(new_state)
+        return metrics
+
+    def __call__(self, state, rollout):
+        if self.order is None:
+            return state, self.graphed(state, rollout)
+        perms = self.order(state, state["env_steps"].device)
+        if self.perms is None:
+            self.perms = perms
+        else:
+            self.perms.copy_(perms)
+        return state, self.graphed(state, rollout, self.perms)
+
+
+class GraphedAct:
+    """A feed-forward policy's exploring `act(state, obs, None, True)` replayed from a CUDA graph.
+
+    The observation is copied into one fixed buffer, the state is reduced to `keys` (the
+    tensors `act` reads, which a donated update keeps in place; None: all of it), and the action and extras
+    come back as the graph's own tensors (the sampler writes them into the rollout before
+    the next step). Other calls (a carry, explore=False) go to `act` itself.
+    """
+
+    def __init__(self, act: Callable, keys=None, warmup: int = 2, graph: Callable | None = None,
+                 capture: Callable | None = None):
+        self.act, self.keys = act, None if keys is None else tuple(keys)
+        self.obs = None
+        self.graphed = GraphedStep(self._exploring, warmup, graph, capture)
+
+    def _exploring(self, state, obs):
+        action, extras, _ = self.act(state, obs, None, True)
+        return {"action": action, **extras}
+
+    def __call__(self, state, obs, carry=None, explore: bool = True):
+        if carry is not None or not explore:
+            return self.act(state, obs, carry, explore)
+        if self.obs is None:
+            self.obs = obs.clone()
+        else:
+            self.obs.copy_(obs)
+        selected = state if self.keys is None else state.select(*self.keys, strict=False)
+        out = dict(self.graphed(selected, self.obs))
+        return out.pop("action"), out, None
+
+
 def check_cuda_graphs(cuda_graphs: bool, *, device: str, compile: bool, algo: str, off_policy: bool,
-                      sampler: str = "serial", fused_learner: bool | None = None) -> None:
-    """One-line errors for `--cuda-graphs` where it does not apply (before any work starts);
-    `fused_learner` None: not known yet (checked again once the env is made)."""
+                      sampler: str = "serial", fused_learner: bool | None = None, central: bool = False,
+                      single: bool | None = None) -> None:
+    """One-line errors for `--cuda-graphs` where it does not apply (before any work starts).
+
+    off_policy: the fused learner step is graphed (`fused_learner` None: not known yet,
+    checked again once the env is made); on-policy: the update and the acting step (one seed
+    in one process, `single` None: not known yet). central: an IMPALA-style learner."""
     if not cuda_graphs:
         return
     if not str(device).startswith("cuda"):
         raise ConfigError(f"--cuda-graphs captures CUDA work: add --device cuda (got --device {device}), "
                           "or drop --cuda-graphs")
     if not compile:
-        raise ConfigError("--cuda-graphs captures the compiled learner step: drop --no-compile")
-    if not off_policy:
-        raise ConfigError(f"--cuda-graphs captures the off-policy learner step (dqn family, ddpg, td3, sac); "
-                          f"{algo}'s update runs compiled without it: drop --cuda-graphs")
-    if sampler == "async":
+        raise ConfigError("--cuda-graphs captures the compiled steps: drop --no-compile")
+    if central:
+        raise ConfigError(f"--cuda-graphs captures the serial loop's steps; {algo}'s learner takes its batches "
+                          "from actor processes: drop --cuda-graphs")
+    if off_policy and sampler == "async":
         raise ConfigError("--cuda-graphs captures the serial loop's learner step, not --sampler async's learner "
                           "process: drop one of them")
-    if fused_learner is False:
+    if not off_policy and sampler != "serial":
+        raise ConfigError(f"--cuda-graphs captures the serial sampler's acting step, not --sampler {sampler}'s: "
+                          "drop one of them")
+    if off_policy and fused_learner is False:
         raise ConfigError("--cuda-graphs captures the fused learner step, used for one seed with a row replay "
                           "without frame deduplication (not --num-seeds / --sweep, sequence replay or Atari "
                           "frame stacks): drop --cuda-graphs")
+    if not off_policy and single is False:
+        raise ConfigError(f"--cuda-graphs captures one seed's {algo} update in one process "
+                          "(not --num-seeds / --sweep / --nproc): drop --cuda-graphs")
+
+
+def graphed_on_policy(agent, keys, recurrent: bool):
+    """`agent` (compiled, its state on a GPU) with its update replayed from a CUDA graph
+    (`GraphedUpdate`, the state donated) and, for a feed-forward policy, its exploring act
+    (`GraphedAct` over `keys`, the state `act` reads; None: the whole state)."""
+    act = agent.act if recurrent else GraphedAct(agent.act, keys)
+    return agent._replace(update=GraphedUpdate(agent.update), act=act)

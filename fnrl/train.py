@@ -31,6 +31,7 @@ import torch
 from fnrl import algos, aot, envs, samplers
 from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.errors import ConfigError
+from fnrl.inductor import compile_with_cpp_wrapper_on_cpu
 from fnrl.replay import snapshot as replay_snapshot
 
 CHECKPOINT = "checkpoint.pt"
@@ -109,7 +110,7 @@ def _make_agent(module, config, spec, compile: bool, update_compiled_by_learner:
     in benchmarks/ppo_breakdown.md, session 5), with a `torch.compile`d `act` for the calls
     that model does not serve (evaluation, recurrent carries). Off-policy acting is compiled with Inductor's
     `fallback_random`, so it draws exactly the random numbers eager acting draws (same
-    exploration as `compile=False`); the `torch.compile`d fallback uses `cpp_wrapper`
+    exploration as `compile=False`); the `torch.compile`d fallback uses `cpp_wrapper` on the CPU
     (the graph's calls made from C++ instead of a Python wrapper)."""
     if "compile" in inspect.signature(module.make).parameters:
         agent = module.make(config, spec, compile=compile)
@@ -119,7 +120,7 @@ def _make_agent(module, config, spec, compile: bool, update_compiled_by_learner:
             agent = agent._replace(update=torch.compile(agent.update, fullgraph=True, dynamic=False))
     if compile:
         randomness = {"fallback_random": True} if module.KIND == "off_policy" else {}
-        act = torch.compile(agent.act, fullgraph=True, dynamic=False, options={"cpp_wrapper": True, **randomness})
+        act = compile_with_cpp_wrapper_on_cpu(agent.act, randomness, fullgraph=True, dynamic=False)
         keys = getattr(module, "ACT_KEYS", None)
         fallback = act if keys is None else acting_on(keys, act)
         act = aot.AotAct(agent.act, keys, fallback, randomness) if aot.ENABLED else fallback
@@ -336,8 +337,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         or "async" (off-policy: sampling in its own process, see fnrl.train_async). Default: serial;
         a resumed run's, the one its checkpoint was written with.
     sampler_workers: worker processes of the parallel sampler (default: one per core).
-    cuda_graphs: replay the off-policy learner step from a CUDA graph (`fnrl.cudagraphs`; needs
-        --device cuda, compile and the fused learner: one seed, a row replay without frame stacks).
+    cuda_graphs: replay steps from CUDA graphs (`fnrl.cudagraphs`; needs --device cuda and
+        compile): off-policy, the fused learner step (one seed, a row replay without frame
+        stacks); on-policy (PPO, A2C), the update and a feed-forward policy's acting step (one
+        seed, one process, the serial sampler).
     """
     module = algos.load(name)
     if resume is not None:
@@ -362,7 +365,9 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     from fnrl.cudagraphs import check_cuda_graphs
 
     off_policy = module.KIND == "off_policy"
-    check_cuda_graphs(cuda_graphs, device=device, compile=compile, algo=name, off_policy=off_policy, sampler=sampler)
+    check_cuda_graphs(cuda_graphs, device=device, compile=compile, algo=name, off_policy=off_policy, sampler=sampler,
+                      central=getattr(module, "RUNTIME", "serial") == "central",
+                      single=None if num_seeds == 1 and not sweep else False)
     rows = None
     if num_seeds != 1 or sweep:
         from fnrl import seeds as vmapped
@@ -433,9 +438,13 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     fused_learner = (FUSED_LEARNER and compile and off_policy and not rows and not sequence_replay
                      and not env.spec.is_atari)
     check_cuda_graphs(cuda_graphs, device=device, compile=compile, algo=name, off_policy=off_policy,
-                      fused_learner=fused_learner and world.size == 1)
+                      fused_learner=fused_learner and world.size == 1, single=not rows and world.size == 1)
     if not rows:
         agent = _make_agent(module, config, env.spec, compile, update_compiled_by_learner=fused_learner)
+    if cuda_graphs and not off_policy:   # the update and the acting step, each replayed from a CUDA graph
+        from fnrl.cudagraphs import graphed_on_policy
+
+        agent = graphed_on_policy(agent, getattr(module, "ACT_KEYS", None), getattr(config, "core", "none") != "none")
     with world.agree():
         run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None) if world.main else None
     if world.main:

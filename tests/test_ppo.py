@@ -111,16 +111,19 @@ def test_continuous_actions():
     assert torch.isfinite(metrics["loss"])
 
 
-@pytest.mark.parametrize("ahead_of_time", [False, True], ids=["torch_compile", "ahead_of_time"])
-def test_compiled_update_equals_eager_and_does_not_recompile(monkeypatch, ahead_of_time):
+@pytest.mark.parametrize("ahead_of_time, scan", [(False, True), (True, True), (False, False)],
+                         ids=["torch_compile", "ahead_of_time", "loop"])
+def test_compiled_update_equals_eager_and_does_not_recompile(monkeypatch, ahead_of_time, scan):
     """Compiled updates equal eager ones: the torch.compile'd pieces without recompiling on a
-    second rollout, and the whole iteration ahead of time (no fallback), which hands a rollout
-    laid out otherwise to the compiled pieces."""
+    second rollout, the whole iteration ahead of time (no fallback), which hands a rollout
+    laid out otherwise to the compiled pieces, and the minibatch steps as a loop of one
+    compiled step (what a GPU runs, `ppo.scan_on`)."""
     import warnings
 
     from fnrl import aot
 
     monkeypatch.setattr(aot, "ENABLED", ahead_of_time)
+    monkeypatch.setattr(ppo, "scan_on", lambda device: scan)
     agent, state, spec, (ro1, ro2) = rollout_for(SMALL, collects=2)
     compiled = ppo.make(SMALL, spec, compile=True)
     torch.manual_seed(3)

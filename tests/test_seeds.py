@@ -121,6 +121,18 @@ def compiled_rows():
     return seeds.make_agent(ppo, rows, spec, SMALL.num_envs, compile=True)
 
 
+def test_compiled_vmapped_update_as_a_loop_equals_eager(monkeypatch):
+    """The vmapped minibatch steps as a loop of one compiled step (what a GPU runs, `ppo.scan_on`)."""
+    monkeypatch.setattr(ppo, "scan_on", lambda device: False)
+    rows, eager, state, rollout = vmapped_run(ppo, FIXED_CLIP, seed=0, num_seeds=2, explore=True)
+    looped = seeds.make_agent(ppo, rows, envs.env_spec(SMALL.env_id, 2 * SMALL.num_envs), SMALL.num_envs,
+                              compile=True)
+    expect, expect_m = eager.update(state, rollout)
+    got, got_m = looped.update(state, rollout)
+    assert_close_td(got, expect, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_m["loss"], expect_m["loss"], rtol=1e-4, atol=1e-5)
+
+
 def test_compiled_vmapped_update_equals_eager_and_does_not_recompile(compiled_rows):
     rows, eager, state, rollout = vmapped_run(ppo, FIXED_CLIP, seed=0, num_seeds=2, explore=True)
     expect, expect_m = eager.update(state, rollout)

@@ -17,11 +17,12 @@ and minibatches split only the env dimension (whole sequences).
     action, extras, carry = agent.act(state, obs, None, explore=True)
     state, metrics = agent.update(state, rollout)        # all epochs and minibatches
 
-`update` is pure. Compiled (`make(..., compile=True)`), a feed-forward policy's whole
-iteration (advantages, every epoch and minibatch, the metrics) runs as one AOTInductor model
-(`fnrl.aot`), given the minibatch order; elsewhere (a recurrent core, a rollout laid out
+`update` is pure. Compiled (`make(..., compile=True)`) on the CPU, a feed-forward policy's
+whole iteration (advantages, every epoch and minibatch, the metrics) runs as one AOTInductor
+model (`fnrl.aot`), given the minibatch order; elsewhere (a recurrent core, a rollout laid out
 otherwise than the first one, or a model that cannot be built) its pieces run
-`torch.compile`d.
+`torch.compile`d. On a GPU the pieces run `torch.compile`d, the minibatch steps as a loop of
+one compiled step (`scan_on`), which `fnrl train --cuda-graphs` replays from one CUDA graph.
 """
 from __future__ import annotations
 
@@ -156,14 +157,26 @@ def _permutations(seed: int, env_steps: int, epochs: int, size: int) -> torch.Te
     return torch.stack([torch.randperm(size, generator=g) for _ in range(epochs)])
 
 
+def scan_on(device: torch.device) -> bool:
+    """Whether a compiled update runs its minibatch steps as one `scan` on `device` (the CPU),
+    or as a Python loop of one compiled minibatch step (CUDA).
+
+    On the CPU the scan saves TorchDynamo's guard check and Python between the minibatch
+    steps (`benchmarks/ppo_update_aot.md`). On a GPU that host time overlaps the kernels,
+    and `fnrl train --cuda-graphs` replays the whole loop as one launch
+    (`fnrl.cudagraphs.GraphedUpdate`): the loop is the path checked on a GPU
+    (`tests/test_cudagraphs.py`)."""
+    return device.type != "cuda"
+
+
 def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = False) -> Agent:
     """Bind PPO to an environment: returns `Agent(init, act, update)`.
 
     `update` runs all epochs and minibatches of one iteration. Its pieces (advantage
     computation, one minibatch step) are pure; with `compile=True` each is compiled
     once with `fullgraph=True` and reused for every minibatch, which keeps compile time
-    independent of the number of epochs and minibatches. Where `fnrl.aot.ENABLED` and the
-    policy is feed-forward, the calls are served instead by one AOTInductor model of the
+    independent of the number of epochs and minibatches. Where `fnrl.aot.serves` the device
+    (the CPU) and the policy is feed-forward, the calls are served instead by one AOTInductor model of the
     whole iteration (the pieces traced together, the minibatch loop a `scan` inside it),
     called with the state's and the rollout's tensors: no TorchDynamo guards, no Python
     between the minibatches (`benchmarks/ppo_update_aot.md`).
@@ -350,12 +363,27 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         (params, opt_state), history = scan_steps(body, (params, opt_state), perms.transpose(0, 1))
         return params, opt_state, {k: v.transpose(0, 1) for k, v in history.items()}, clip
 
+    def looped(step):
+        """`train_epochs` (`train_epochs_rows` when batched) as a Python loop over the minibatch
+        steps of `step` (one compiled minibatch step, reused), instead of a scan."""
+        def train_epochs_loop(params, opt_state, flat, perms, env_steps, kl_coef, hp):
+            clip = torch.func.vmap(clip_range)(hp, env_steps) if batched else clip_range(hp, env_steps)
+            history = []
+            for index in (perms.unbind(1) if batched else perms.unbind(0)):
+                params, opt_state, metrics = step(params, opt_state, flat, index, clip, kl_coef, hp)
+                history.append(metrics)
+            return params, opt_state, {k: torch.stack([m[k] for m in history], -1) for k in history[0]}, clip
+        return train_epochs_loop
+
     if batched:
         prepare, kl_adapt = (torch.func.vmap(f, randomness="different") for f in (prepare, kl_adapt))
         train_epochs = train_epochs_rows
     pieces = traceable = (prepare, train_epochs, kl_adapt)
+    loop_pieces = None   # on a GPU (`scan_on`): the minibatch steps as a loop of one compiled step
     if compile:
         pieces = tuple(torch.compile(f, fullgraph=True, dynamic=False) for f in pieces)
+        step = torch.func.vmap(minibatch_step, randomness="different") if batched else minibatch_step
+        loop_pieces = (pieces[0], looped(torch.compile(step, fullgraph=True, dynamic=False)), pieces[2])
 
     def iteration(pieces, state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor, perms: torch.Tensor):
         """All epochs x minibatches of one iteration in the minibatch order `perms` [(K,) E*M, mb]:
@@ -385,12 +413,19 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     whole = None   # the iteration as one AOTInductor model (fnrl.aot.AotFunction), built at the first call
     ahead_of_time = compile and aot.ENABLED and not recurrent
 
-    def update(state: TensorDict, rollout: TensorDict):
-        """All epochs x minibatches of one iteration: one model, or the compiled pieces, sequenced."""
+    def update(state: TensorDict, rollout: TensorDict, perms: torch.Tensor | None = None):
+        """All epochs x minibatches of one iteration: one model, or the compiled pieces, sequenced.
+
+        perms [(K,) E*M, mb]: the minibatch order, `update.minibatch_order(state, device)` by
+        default (drawn on the host from the seed and env steps); a caller that captures the
+        update in a CUDA graph passes it in, refilled in place before each replay."""
         nonlocal whole, ahead_of_time
-        perms = minibatch_order(state, rollout.device or state["env_steps"].device)
+        if perms is None:
+            perms = minibatch_order(state, rollout.device or state["env_steps"].device)
         last_obs = rollout["next_obs"][:, -1] if batched else rollout["next_obs"][-1]
-        if ahead_of_time:
+        if loop_pieces is not None and not scan_on(perms.device):
+            return iteration(loop_pieces, state, rollout, last_obs, perms)
+        if ahead_of_time and aot.serves(perms.device):
             # next_obs shares obs's memory (one [T + 1] buffer): the model reads obs and a copy of the last row
             args = (state, rollout.exclude("next_obs"), last_obs.clone(), perms)
             if whole is None:
@@ -400,4 +435,5 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
                 return whole(*args)
         return iteration(pieces, state, rollout, last_obs, perms)
 
+    update.minibatch_order = minibatch_order
     return Agent(init=init, act=act, update=update)
