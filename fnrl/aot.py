@@ -58,7 +58,7 @@ def serves(device) -> bool:
     On the CPU a model skips TorchDynamo's guards and Python per call, which is what bounds
     small steps there. On a GPU that host time overlaps the kernels, CUDA graphs remove it
     (`fnrl.cudagraphs`), and loading a CUDA model crashed the process (segmentation fault in
-    `torch._inductor.aoti_load_package`, torch 2.11 on an H200, `benchmarks/gpu_check.md`):
+    `torch._inductor.aoti_load_package`, torch 2.11 on an H200, `benchmarks/gpu_graphs.md`):
     CUDA calls go through `torch.compile`."""
     return ENABLED and torch.device(device).type == "cpu"
 

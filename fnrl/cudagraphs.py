@@ -21,6 +21,11 @@ before the next call. A call whose tensors moved (another state, a rebuilt buffe
 `GraphInputsMoved` instead of replaying over memory that may no longer be the step's.
 The first `warmup` calls run the step eagerly on a side stream, as CUDA needs before a
 capture (cuBLAS workspaces, Triton autotuning, a compiled step's first compile).
+
+`fnrl train --cuda-graphs` uses it for the off-policy learner step (`fnrl.learner`) and,
+through `GraphedUpdate` and `GraphedAct`, for PPO's / A2C's update and acting step
+(`graphed_on_policy`). On an H200 (`benchmarks/gpu_graphs.md`) PPO's 64 x 128 update took
+2.6 instead of 19.6 ms and an act 82 instead of 267 µs.
 """
 from __future__ import annotations
 
@@ -141,9 +146,9 @@ class GraphedAct:
     """A feed-forward policy's exploring `act(state, obs, None, True)` replayed from a CUDA graph.
 
     The observation is copied into one fixed buffer, the state is reduced to `keys` (the
-    tensors `act` reads, which a donated update keeps in place; None: all of it), and the action and extras
-    come back as the graph's own tensors (the sampler writes them into the rollout before
-    the next step). Other calls (a carry, explore=False) go to `act` itself.
+    tensors `act` reads, which a donated update keeps in place; None: all of it), and the
+    action and extras come back as the graph's own tensors (the sampler writes them into the
+    rollout before the next step). Other calls (a carry, explore=False) go to `act` itself.
     """
 
     def __init__(self, act: Callable, keys=None, warmup: int = 2, graph: Callable | None = None,

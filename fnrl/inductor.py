@@ -4,12 +4,13 @@ torch < 2.12: Inductor's loop reordering after fusion fails with a bare Assertio
 (`ForeachKernelSchedulerNode.reorder_loops_by_dep_pair`, pytorch/pytorch#176591, fixed by
 #176849 in 2.12) on CUDA graphs that mix `torch._foreach_*` ops with reductions over tensors
 of other shapes: every fnrl update, whose optimizer's foreach ops sit beside the loss (seen
-compiling PPO's minibatch step, torch 2.11 on an H200, `benchmarks/gpu_check.md`). There it is
+compiling PPO's minibatch step, torch 2.11 on an H200, `benchmarks/gpu_graphs.md`). There it is
 turned off; it only reorders loops for speed.
 """
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDictBase
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -31,7 +32,7 @@ def first_tensor(*args) -> torch.Tensor:
     for a in args:
         if torch.is_tensor(a):
             return a
-        if hasattr(a, "values") and hasattr(a, "batch_size"):
+        if isinstance(a, TensorDictBase):
             for v in a.values(include_nested=True, leaves_only=True):
                 return v
     raise TypeError("no tensor among the arguments")

@@ -204,7 +204,6 @@ def test_graphed_ppo_update_donates_the_state_and_refills_the_minibatch_order():
     agent, state, _, (rollout,) = rollout_for(SMALL)
     plain = state.clone()
     graphed_state = state.clone()
-    graphed = None
     graphed = GraphedUpdate(agent.update, graph=StandInGraph,
                             capture=undoing_capture(lambda: graphed.graphed, lambda: (graphed_state, rollout,
                                                                                      graphed.perms)))
@@ -229,7 +228,6 @@ def test_graphed_act_copies_the_observation_in_and_passes_other_calls_on():
     from tests.test_ppo import SMALL, rollout_for
 
     agent, state, _, (rollout,) = rollout_for(SMALL)
-    graphed = None
     obs = rollout["obs"]
     graphed = GraphedAct(agent.act, ("params", "obs_rms"), graph=StandInGraph,
                          capture=undoing_capture(lambda: graphed.graphed,
@@ -265,7 +263,7 @@ def test_graphed_on_policy_graphs_a_feed_forward_act_and_every_update():
 @pytest.mark.parametrize("name", ["ppo", "a2c", "rainbow", "sac", "td3"])
 def test_compiled_steps_of_a_run_read_no_number_off_the_device(monkeypatch, tmp_path, name):
     """What a GPU needs of every compiled step of a training run (act, update, learner step,
-    replay write), checked on the CPU in the graphs TorchDynamo traces: no `.item()` (on a GPU
+    replay write), checked on the CPU in the ATen graphs Inductor would compile: no `.item()` (on a GPU
     a sync per call, which also forbids capturing the step in a CUDA graph) and, with `switch`
     as it runs on a GPU (both branches, `torch.where`), no `cond` (Inductor reads a cond's
     predicate on the host). The first GPU run of the off-policy learner step failed on one such
