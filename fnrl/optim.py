@@ -394,13 +394,22 @@ def polyak(target: TensorDictBase, online: TensorDictBase, tau: float | torch.Te
     """Soft target update target <- (1 - tau) * target + tau * online, one fused lerp.
 
     (Lillicrap et al. 2016, DDPG, arXiv:1509.02971.) Returns the new target. A tensor `tau`
-    (a 0-d weight computed in the update, e.g. DQN's tau * [update due]) goes to each leaf's
-    `torch.lerp` as a tensor: the fused `_foreach_lerp` takes a Python number, which a compiled
-    graph would read off the device (a sync per update, and no CUDA graph capture).
+    (a 0-d weight computed in the update, e.g. DQN's tau * [update due]) goes to the fused lerp
+    as a number where `weight_as_number` says so (the CPU), else as a tensor expanded (a view)
+    to each leaf's shape.
     """
-    if torch.is_tensor(tau):
-        return target.apply(lambda t, o: torch.lerp(t, o, tau.to(t.dtype)), online)
+    if torch.is_tensor(tau) and not weight_as_number(tau):
+        return target.lerp(online, target.apply(lambda t: tau.to(t.dtype).expand_as(t)))
     return target.lerp(online, tau)
+
+
+def weight_as_number(tau: torch.Tensor) -> bool:
+    """Whether `polyak` reads a tensor weight as a number: on the CPU, where the read costs
+    nothing and the number form is the fastest (DQN's learner step ~0.94x as fast with the
+    tensor form, `benchmarks/polyak_weight.md`); not on a GPU, where a compiled step would
+    read it off the device: a sync per update, which also forbids CUDA graph capture (DQN's
+    first GPU run, `benchmarks/gpu_graphs.md`)."""
+    return tau.device.type == "cpu"
 
 
 def hard_update(target: TensorDictBase, online: TensorDictBase) -> TensorDictBase:

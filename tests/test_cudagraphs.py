@@ -263,16 +263,16 @@ def test_graphed_on_policy_graphs_a_feed_forward_act_and_every_update():
 @pytest.mark.parametrize("name", ["ppo", "a2c", "rainbow", "sac", "td3"])
 def test_compiled_steps_of_a_run_read_no_number_off_the_device(monkeypatch, tmp_path, name):
     """What a GPU needs of every compiled step of a training run (act, update, learner step,
-    replay write), checked on the CPU in the ATen graphs Inductor would compile: no `.item()` (on a GPU
-    a sync per call, which also forbids capturing the step in a CUDA graph) and, with `switch`
-    as it runs on a GPU (both branches, `torch.where`), no `cond` (Inductor reads a cond's
-    predicate on the host). The first GPU run of the off-policy learner step failed on one such
-    `.item()` (`benchmarks/gpu_graphs.md`)."""
-    from fnrl import aot
+    replay write), checked on the CPU in the ATen graphs Inductor would compile, with the device
+    rules set as on a GPU (`switch` takes both branches, `polyak` keeps its weight a tensor): no
+    `.item()` (on a GPU a sync per call, which also forbids capturing the step in a CUDA graph)
+    and no `cond` (Inductor reads a cond's predicate on the host). The first GPU run of the
+    off-policy learner step failed on one such `.item()` (`benchmarks/gpu_graphs.md`)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fnrl import aot, optim
     from fnrl.algos import common
     from fnrl.train import train
-
-    from torch._dynamo.backends.common import aot_autograd
 
     graphs = []
     real_compile = torch.compile
@@ -288,6 +288,7 @@ def test_compiled_steps_of_a_run_read_no_number_off_the_device(monkeypatch, tmp_
     monkeypatch.setattr(torch, "compile", compile_recording)
     monkeypatch.setattr(aot, "ENABLED", False)   # every step through torch.compile, as on a GPU
     monkeypatch.setattr(common, "takes_both_branches", lambda pred: True)
+    monkeypatch.setattr(optim, "weight_as_number", lambda tau: False)
     torch._dynamo.reset()
     config = algos.default_config(name)
     off_policy = hasattr(config, "learning_starts")

@@ -101,27 +101,34 @@ def test_polyak_and_hard_update_hand_values():
     assert copied["w"].data_ptr() != online["w"].data_ptr()
 
 
-def test_polyak_with_a_tensor_weight_reads_no_number_off_the_device():
+def test_polyak_with_a_tensor_weight_reads_no_number_off_the_device_on_a_gpu(monkeypatch):
     """A 0-d tensor tau gives what the same float gives (exactly the start at 0, the end at 1),
-    and a compiled graph keeps it a tensor: no `.item()` (a sync per update on a GPU, and no
-    CUDA graph capture)."""
+    in the CPU's number form and in a GPU's tensor form, and the compiled tensor form reads no
+    number off the device (`_local_scalar_dense`: a sync per update on a GPU, and no CUDA
+    graph capture), where the number form does."""
+    import fnrl.optim as optim
+    from torch._dynamo.backends.common import aot_autograd
+
     target = TensorDict({"w": torch.randn(3), "net": {"b": torch.randn(2, 2)}}, [])
     online = TensorDict({"w": torch.randn(3), "net": {"b": torch.randn(2, 2)}}, [])
-    for tau in (0.0, 0.3, 1.0):
-        assert_td_close(polyak(target, online, torch.tensor(tau)), polyak(target, online, tau), rtol=0, atol=0)
-    assert_td_close(polyak(target, online, torch.tensor(1.0)), online, rtol=0, atol=0)
-    graphs = []
+    reads = {}
+    for on_gpu in (False, True):
+        monkeypatch.setattr(optim, "weight_as_number", lambda tau: not on_gpu)
+        for tau in (0.0, 0.3, 1.0):
+            assert_td_close(polyak(target, online, torch.tensor(tau)), polyak(target, online, tau), rtol=0, atol=0)
+        assert_td_close(polyak(target, online, torch.tensor(1.0)), online, rtol=0, atol=0)
+        graphs = []
 
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+        def record(gm, example_inputs):
+            graphs.append(gm)
+            return gm
 
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda t, o, w: polyak(t, o, w * 0.5), backend=backend, fullgraph=True)
-    assert_td_close(compiled(target, online, torch.tensor(0.6)), polyak(target, online, 0.3))
-    calls = [str(n.target) for g in graphs for n in g.graph.nodes]
-    assert graphs and not any("item" in c or "local_scalar" in c for c in calls), calls
-
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t, o, w: polyak(t, o, w * 0.5), backend=aot_autograd(fw_compiler=record),
+                                 fullgraph=True)
+        assert_td_close(compiled(target, online, torch.tensor(0.6)), polyak(target, online, 0.3))
+        reads[on_gpu] = any("_local_scalar_dense" in str(n.target) for g in graphs for n in g.graph.nodes)
+    assert reads == {False: True, True: False}
 
 def test_schedules_hand_values():
     steps = torch.tensor([0, 5, 10, 15])
