@@ -14,7 +14,7 @@ run (updates included). Every contender runs in its own subprocess with the same
 thread count, so none inherits another's compiled code, threads or caches.
 
     fnrl bench [--quick] [--only ppo-cartpole-4,dqn-cartpole] [--threads 1] [--out FILE]
-               [--steps N] [--contenders raw,compiled,eager,sb3]
+               [--steps N] [--contenders raw,compiled,eager,sb3] [--device cpu|cuda]
     python benchmarks/suite.py --quick          # the same, from a source checkout
 
 Peers that are not installed (stable-baselines3, ale-py for Atari, mujoco for MuJoCo) are
@@ -148,6 +148,14 @@ BY_KEY = {w.key: w for w in WORKLOADS}
 
 # --------------------------------------------------------------------------- contenders (subprocess side)
 
+DEVICE_VAR = "FNRL_BENCH_DEVICE"
+"""Where the contenders' networks run (`fnrl bench --device`), passed to the subprocesses."""
+
+
+def device() -> str:
+    return os.environ.get(DEVICE_VAR, "cpu")
+
+
 
 def _steady(marks: list[tuple[int, float]], total_steps: int, warmup_steps: int = 0) -> tuple[float, float]:
     """(steady SPS over the marks in the second half of the steps after `warmup_steps` (random
@@ -166,11 +174,15 @@ def run_fnrl(w: Workload, steps: int, compile: bool, threads: int) -> dict:
 
     config = type(algos.default_config(w.algo))(**{**_config_fields(w.algo), **w.config, "total_steps": steps})
     per_collect = config.num_envs * config.num_steps
+    kwargs = dict(w.train_kwargs)
+    if device() != "cpu":   # on a GPU: CUDA graphs where the run allows them (tried first, refused before work)
+        kwargs.update(device=device(), cuda_graphs=compile)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        result = train(w.algo, config, seed=1, log_dir=Path(tmp) / "run", compile=compile, quiet=True,
-                       tensorboard=False, plot=False, threads=threads, checkpoint_every=steps,
-                       log_interval=max(per_collect, steps // 50), **w.train_kwargs)
+        result = _train_graphed_where_allowed(w.algo, config, seed=1, log_dir=Path(tmp) / "run", compile=compile,
+                                              quiet=True, tensorboard=False, plot=False, threads=threads,
+                                              checkpoint_every=steps, log_interval=max(per_collect, steps // 50),
+                                              **kwargs)
         wall = time.perf_counter() - t0
     walls = {}
     for r in result.history:   # a vmapped run logs one row per seed per interval
@@ -181,6 +193,20 @@ def run_fnrl(w: Workload, steps: int, compile: bool, threads: int) -> dict:
     returns = [r["return_mean"] for r in result.history if r["return_mean"] == r["return_mean"]]
     return {"sps": sps, "warmup_s": warmup, "wall_s": wall, "return": returns[-1] if returns else None,
             "best_return": max(returns) if returns else None}
+
+
+def _train_graphed_where_allowed(algo: str, config, **kwargs):
+    """`fnrl.train.train`, again without `cuda_graphs` where a run refuses them (a vmapped or
+    Atari run, another sampler: a one-line ConfigError before any work)."""
+    from fnrl.errors import ConfigError
+    from fnrl.train import train
+
+    try:
+        return train(algo, config, **kwargs)
+    except ConfigError as e:
+        if not kwargs.get("cuda_graphs") or "--cuda-graphs" not in str(e):
+            raise
+        return train(algo, config, **{**kwargs, "cuda_graphs": False})
 
 
 def _config_fields(algo: str) -> dict:
@@ -232,7 +258,7 @@ def _sb3_ppo(env, lr=2.5e-4, **kw):
                learning_rate=_linear(lr), gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5,
                clip_range=0.2, clip_range_vf=0.2, max_grad_norm=0.5,
                policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh),
-               device="cpu", seed=1, verbose=0, **kw)
+               device=device(), seed=1, verbose=0, **kw)
 
 
 def sb3_ppo_cartpole(w: Workload):
@@ -257,7 +283,7 @@ def sb3_ppo_pong(w: Workload):
 
     return PPO("CnnPolicy", _sb3_pong(8), n_steps=128, batch_size=256, n_epochs=4, learning_rate=_linear(2.5e-4),
                gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5, clip_range=0.1, clip_range_vf=0.1,
-               max_grad_norm=0.5, device="cpu", seed=1, verbose=0)
+               max_grad_norm=0.5, device=device(), seed=1, verbose=0)
 
 
 def sb3_dqn_cartpole(w: Workload):
@@ -269,7 +295,7 @@ def sb3_dqn_cartpole(w: Workload):
                buffer_size=c["buffer_size"], learning_starts=c["learning_starts"], batch_size=c["batch_size"],
                tau=1.0, gamma=c["gamma"], train_freq=10, gradient_steps=1, target_update_interval=500,
                exploration_fraction=0.5, exploration_initial_eps=1.0, exploration_final_eps=0.05,
-               policy_kwargs=dict(net_arch=list(c["hidden"])), device="cpu", seed=1, verbose=0)
+               policy_kwargs=dict(net_arch=list(c["hidden"])), device=device(), seed=1, verbose=0)
 
 
 def sb3_dqn_pong(w: Workload):
@@ -281,7 +307,8 @@ def sb3_dqn_pong(w: Workload):
                learning_starts=c["learning_starts"], batch_size=c["batch_size"], tau=1.0, gamma=c["gamma"],
                train_freq=every, gradient_steps=1, target_update_interval=every * c["target_update_interval"],
                exploration_fraction=c["eps_steps"] / w.steps, exploration_initial_eps=1.0,
-               exploration_final_eps=c["eps_final"], optimize_memory_usage=False, device="cpu", seed=1, verbose=0)
+               exploration_final_eps=c["eps_final"], optimize_memory_usage=False, device=device(), seed=1,
+               verbose=0)
 
 
 def sb3_sac_halfcheetah(w: Workload):
@@ -291,7 +318,7 @@ def sb3_sac_halfcheetah(w: Workload):
     return SAC("MlpPolicy", c["env_id"], learning_rate=3e-4, buffer_size=c["buffer_size"],
                batch_size=c["batch_size"], learning_starts=c["learning_starts"], train_freq=1, gradient_steps=1,
                gamma=c["gamma"], tau=c["tau"], ent_coef="auto", policy_kwargs=dict(net_arch=list(c["hidden"])),
-               device="cpu", seed=1, verbose=0)
+               device=device(), seed=1, verbose=0)
 
 
 SB3_MODELS = {"ppo_cartpole": sb3_ppo_cartpole, "ppo_pong": sb3_ppo_pong, "dqn_cartpole": sb3_dqn_cartpole,
@@ -344,8 +371,8 @@ def worker(kind: str, key: str, steps: int, threads: int) -> dict:
 # --------------------------------------------------------------------------- the suite (parent side)
 
 
-def _measure(kind: str, w: Workload, steps: int, threads: int, timeout: float) -> dict:
-    env = dict(os.environ)
+def _measure(kind: str, w: Workload, steps: int, threads: int, timeout: float, dev: str = "cpu") -> dict:
+    env = {**os.environ, DEVICE_VAR: dev}
     if kind == "compiled":
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # a cold compile, as on a fresh machine
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, w.key, str(steps), str(threads)]
@@ -394,11 +421,18 @@ CONTENDERS = ("raw", "compiled", "eager", "sb3")
 
 def run_suite(quick: bool = False, only: list[str] | None = None, threads: int = 1, out: Path | None = OUTPUT,
               timeout: float = 1800.0, echo=print, steps: int | None = None,
-              contenders: tuple[str, ...] = CONTENDERS) -> str:
+              contenders: tuple[str, ...] = CONTENDERS, device: str = "cpu") -> str:
     """Run the workloads (all, or `only` these keys; `quick`: shorter runs, no eager column, no
     Atari or MuJoCo) and return
     the markdown report (also written to `out` unless None). `steps` overrides every workload's
-    length; `contenders` picks columns (the others show as not run)."""
+    length; `contenders` picks columns (the others show as not run). `device`: where fnrl's and
+    SB3's networks run ("cuda": fnrl compiled with CUDA graphs where a run allows them)."""
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device}; choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: this machine has no CUDA device; use --device cpu")
     bad = set(contenders) - set(CONTENDERS)
     if bad:
         raise ValueError(f"unknown contender(s) {', '.join(sorted(bad))}; choose from {', '.join(CONTENDERS)}")
@@ -419,13 +453,15 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
                 r[kind] = {"error": "not run"}
                 continue
             echo(f"[bench] {w.key}: {kind} ({n:,} steps) ...")
-            r[kind] = _measure(kind, w, n, threads, timeout)
+            r[kind] = _measure(kind, w, n, threads, timeout, device)
             echo(f"[bench] {w.key}: {kind} -> {_cell(r[kind])} SPS")
         r["load"] = _load()
         rows.append(r)
     lines = [
         "# fnrl benchmark suite" + (" (--quick)" if quick else ""), "",
         f"Machine: {machine(threads)}.",
+        *([f"Device: {device} (fnrl's and SB3's networks, replay and updates; fnrl compiled with CUDA graphs "
+           "where a run allows them; the envs step on the CPU)."] if device != "cpu" else []),
         f"Load average (1/5/15 min) at start: {load_start}; whole suite: {time.perf_counter() - started:.0f} s.", "",
         "SPS = env steps (all envs) per second of wall time in the second half of each run, updates "
         "included. Every contender ran in its own process, one after the other, with the same torch thread "
@@ -479,6 +515,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per contender before it is cut off")
     p.add_argument("--steps", type=int, default=None, help="env steps of every run (default: each workload's)")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated columns to measure")
+    p.add_argument("--device", default="cpu", help="where the networks run: cpu (default) or cuda")
     p.add_argument("--worker", nargs=4, metavar=("KIND", "KEY", "STEPS", "THREADS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -488,7 +525,7 @@ def main(argv=None) -> int:
     only = args.only.split(",") if args.only else None
     out = Path(args.out) if args.out else (QUICK_OUTPUT if args.quick else OUTPUT)
     print(run_suite(args.quick, only, args.threads, out, args.timeout, steps=args.steps,
-                    contenders=tuple(args.contenders.split(","))))
+                    contenders=tuple(args.contenders.split(",")), device=args.device))
     return 0
 
 

@@ -8,7 +8,7 @@
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
-    fnrl bench [--quick] [--only KEY,...] [--threads N]   (from a source checkout)
+    fnrl bench [--quick] [--only KEY,...] [--threads N] [--device cpu|cuda]   (from a source checkout)
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
 (`--num-envs 64`, `--learning-rate 3e-4`). Bad input stops with one line on stderr and
