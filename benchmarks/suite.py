@@ -156,7 +156,6 @@ def device() -> str:
     return os.environ.get(DEVICE_VAR, "cpu")
 
 
-
 def _steady(marks: list[tuple[int, float]], total_steps: int, warmup_steps: int = 0) -> tuple[float, float]:
     """(steady SPS over the marks in the second half of the steps after `warmup_steps` (random
     actions, no updates), seconds the earlier marks took beyond that rate)."""

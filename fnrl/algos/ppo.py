@@ -325,22 +325,6 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         mb = flat[:, index] if recurrent else flat[index]
         return gradient_step(loss, params, opt, opt_state, mb, clip, kl_coef, hp)
 
-    def train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp):
-        """Every minibatch step of an iteration, in order over the minibatch indices
-        perms [E * M, mb]: (params, opt_state, metrics [E * M], clip range).
-
-        The clip range is computed here, inside the graph that holds the scan: passed in
-        from `prepare` it could alias hp["clip_coef"] (it is that tensor without annealing),
-        and a higher-order op refuses operands that alias."""
-        clip = clip_range(hp, env_steps)
-
-        def body(carry, index):
-            params, opt_state, metrics = minibatch_step(*carry, flat, index, clip, kl_coef, hp)
-            return (params, opt_state), metrics
-
-        (params, opt_state), history = scan_steps(body, (params, opt_state), perms)
-        return params, opt_state, history, clip
-
     def kl_adapt(params, flat, kl_coef):
         """BatchPPO's penalty coefficient update from the KL between old and new policy."""
         new_dist, _ = forward(params, flat)
@@ -348,42 +332,37 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         kl = masked_mean(dist.kl(old_dist, new_dist), flat["valid"])
         return losses.adaptive_kl_coef(kl_coef, kl, config.kl_target)
 
-    def train_epochs_rows(params, opt_state, flat, perms, env_steps, kl_coef, hp):
-        """`train_epochs` of K rows (every argument [K, ...], perms [K, E * M, mb]): one scan
-        over the minibatch steps, each step vmapped over the rows (the same arithmetic as
-        vmapping `train_epochs`, with the vmap inside the scan, where make_fx traces it)."""
-        # a copy: without annealing the range is hp["clip_coef"], and a scan refuses operands that alias
-        clip = torch.func.vmap(clip_range)(hp, env_steps).clone()
-        step = torch.func.vmap(minibatch_step, randomness="different")
+    def epochs(step, rows: bool):
+        """`train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp)`: every step of
+        `step` (one minibatch step; of K rows when `rows`, every argument [K, ...]) in order over
+        the minibatch indices perms [(K,) E * M, mb] -> (params, opt_state, metrics [(K,) E * M],
+        clip range). Inside a compiled graph the steps are one scan (`scan_steps`), outside it a
+        Python loop (the GPU's loop of one compiled step, `scan_on`).
 
-        def body(carry, index):
-            params, opt_state, metrics = step(*carry, flat, index, clip, kl_coef, hp)
-            return (params, opt_state), metrics
+        The clip range is computed here, inside the graph that holds the scan: passed in from
+        `prepare` it could alias hp["clip_coef"] (it is that tensor without annealing), and a
+        higher-order op refuses operands that alias (for rows, the vmapped range is copied)."""
+        def train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp):
+            clip = torch.func.vmap(clip_range)(hp, env_steps).clone() if rows else clip_range(hp, env_steps)
 
-        (params, opt_state), history = scan_steps(body, (params, opt_state), perms.transpose(0, 1))
-        return params, opt_state, {k: v.transpose(0, 1) for k, v in history.items()}, clip
+            def body(carry, index):
+                params, opt_state, metrics = step(*carry, flat, index, clip, kl_coef, hp)
+                return (params, opt_state), metrics
 
-    def looped(step):
-        """`train_epochs` (`train_epochs_rows` when batched) as a Python loop over the minibatch
-        steps of `step` (one compiled minibatch step, reused), instead of a scan."""
-        def train_epochs_loop(params, opt_state, flat, perms, env_steps, kl_coef, hp):
-            clip = torch.func.vmap(clip_range)(hp, env_steps) if batched else clip_range(hp, env_steps)
-            history = []
-            for index in (perms.unbind(1) if batched else perms.unbind(0)):
-                params, opt_state, metrics = step(params, opt_state, flat, index, clip, kl_coef, hp)
-                history.append(metrics)
-            return params, opt_state, {k: torch.stack([m[k] for m in history], -1) for k in history[0]}, clip
-        return train_epochs_loop
+            (params, opt_state), history = scan_steps(body, (params, opt_state),
+                                                      perms.transpose(0, 1) if rows else perms)
+            return params, opt_state, {k: v.transpose(0, 1) for k, v in history.items()} if rows else history, clip
+        return train_epochs
 
+    # K rows (batched): each minibatch step vmapped over the rows, inside the scan, where make_fx traces it
+    step = torch.func.vmap(minibatch_step, randomness="different") if batched else minibatch_step
     if batched:
         prepare, kl_adapt = (torch.func.vmap(f, randomness="different") for f in (prepare, kl_adapt))
-        train_epochs = train_epochs_rows
-    pieces = traceable = (prepare, train_epochs, kl_adapt)
+    pieces = traceable = (prepare, epochs(step, batched), kl_adapt)
     loop_pieces = None   # on a GPU (`scan_on`): the minibatch steps as a loop of one compiled step
     if compile:
         pieces = tuple(torch.compile(f, fullgraph=True, dynamic=False) for f in pieces)
-        step = torch.func.vmap(minibatch_step, randomness="different") if batched else minibatch_step
-        loop_pieces = (pieces[0], looped(torch.compile(step, fullgraph=True, dynamic=False)), pieces[2])
+        loop_pieces = (pieces[0], epochs(torch.compile(step, fullgraph=True, dynamic=False), batched), pieces[2])
 
     def iteration(pieces, state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor, perms: torch.Tensor):
         """All epochs x minibatches of one iteration in the minibatch order `perms` [(K,) E*M, mb]:
