@@ -12,6 +12,12 @@ being every core):
   step, replay add and one update per step), after compilation.
 
     python benchmarks/qpg_halfcheetah.py [--sb3-python PATH] [--steps 3000]
+    python benchmarks/qpg_halfcheetah.py --interleaved 6 [--algos sac] [--steps 3000]
+
+--interleaved N: the training loops only (env steps/s), fnrl's and SB3's (at SB3's faster thread
+count on this machine, every core) each in a fresh process, N rounds taken in turns (fnrl first in
+even rounds, SB3 first in odd ones), so the host's drift over minutes falls on both: the rounds,
+the ratio of the mean rates and the median of the rounds' ratios. Written as its own section.
 
 SB3 runs in a subprocess with `--sb3-python` (a Python with `stable-baselines3` and
 `gymnasium[mujoco]` installed; default: this one). Writes its run on top of the earlier ones in benchmarks/qpg_halfcheetah.md.
@@ -140,6 +146,62 @@ def sb3_worker(algo: str, steps: int, updates: int, threads: int = 1) -> dict:
     return {"updates_per_s": ups, "env_steps_per_s": sps, "version": stable_baselines3.__version__}
 
 
+def fnrl_worker(algo: str, steps: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)   # as `fnrl train` runs: the update's threads are picked by the loop
+    return {"env_steps_per_s": fnrl_env_steps_per_second(algo, steps)}
+
+
+def fnrl_in_child(algo: str, steps: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--fnrl-worker", algo, str(steps)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def interleaved(algos: list[str], rounds: int, steps: int, python: str, out: Path) -> None:
+    """Rounds of the two training loops in turns, each in its own process (module docstring)."""
+    import statistics
+
+    cores = len(os.sched_getaffinity(0))
+    where = machine()
+    lines = [f"## Interleaved run of {time.strftime('%Y-%m-%d')}", "",
+             f"Machine: {where}. Training loops only (env steps/s past learning_starts, {steps} steps, "
+             f"compilation excluded): `fnrl train` as it runs (its update on the threads it picks), SB3 on "
+             f"{cores} threads (its faster setting here). Each in a fresh process, {rounds} rounds in turns "
+             "(fnrl first in even rounds).", "",
+             "| algo | round | fnrl env steps/s | SB3 env steps/s | fnrl / SB3 | load |", "|---|---:|---:|---:|---:|---:|"]
+    summary = []
+    for algo in algos:
+        mine, theirs = [], []
+        for r in range(rounds):
+            order = ("fnrl", "sb3") if r % 2 == 0 else ("sb3", "fnrl")
+            got = {}
+            for who in order:
+                got[who] = (fnrl_in_child(algo, steps) if who == "fnrl"
+                            else sb3(algo, python, steps, 20, cores))["env_steps_per_s"]
+            mine.append(got["fnrl"])
+            theirs.append(got["sb3"])
+            row = (f"| {algo} | {r} | {got['fnrl']:.0f} | {got['sb3']:.0f} | {got['fnrl'] / got['sb3']:.2f}x "
+                   f"| {os.getloadavg()[0]:.1f} |")
+            lines.append(row)
+            print(row, flush=True)
+        pooled = statistics.mean(mine) / statistics.mean(theirs)
+        median = statistics.median(a / b for a, b in zip(mine, theirs))
+        summary.append(f"- {algo}: mean {statistics.mean(mine):.0f} vs {statistics.mean(theirs):.0f} env steps/s: "
+                       f"**{pooled:.2f}x** (median of the rounds {median:.2f}x, range "
+                       f"{min(a / b for a, b in zip(mine, theirs)):.2f}-{max(a / b for a, b in zip(mine, theirs)):.2f}x; "
+                       "target 2x).")
+    lines += ["", *summary, "",
+              f"Reproduce: `python benchmarks/qpg_halfcheetah.py --interleaved {rounds} --algos {','.join(algos)} "
+              f"--steps {steps} --sb3-python PYTHON_WITH_SB3`.", ""]
+    title, earlier = "# SAC and TD3 throughput on HalfCheetah-v4", ""
+    if out.exists():
+        earlier = out.read_text().split("\n", 1)[1].lstrip("\n")
+    out.write_text(f"{title}\n\n" + "\n".join(lines) + "\n" + earlier)
+    print("\n".join(summary))
+
+
 def sb3(algo: str, python: str, steps: int, updates: int, threads: int = 1) -> dict:
     out = subprocess.run([python, __file__, "--sb3-worker", algo, str(steps), str(updates), str(threads)],
                          capture_output=True, text=True, check=True)
@@ -155,8 +217,22 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3000, help="training-loop env steps timed past learning_starts")
     parser.add_argument("--updates", type=int, default=300, help="updates timed (compiled, SB3); eager: a tenth")
     parser.add_argument("--sb3-worker", nargs=4, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fnrl-worker", nargs=2, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
+                        help="only the training loops, fnrl and SB3 in turns for ROUNDS rounds (module docstring)")
+    parser.add_argument("--algos", default="sac,td3", help="with --interleaved: comma-separated, of sac,td3")
     parser.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = parser.parse_args(argv)
+    if args.fnrl_worker:
+        print(json.dumps(fnrl_worker(args.fnrl_worker[0], int(args.fnrl_worker[1]))))
+        return
+    if args.interleaved:
+        algos = args.algos.split(",")
+        unknown = sorted(set(algos) - {"sac", "td3"})
+        if unknown:
+            parser.error(f"--algos takes sac and td3, got {', '.join(unknown)}")
+        interleaved(algos, args.interleaved, args.steps, args.sb3_python, Path(args.out))
+        return
     if args.sb3_worker:
         algo, steps, updates, threads = args.sb3_worker
         print(json.dumps(sb3_worker(algo, int(steps), int(updates), int(threads))))
