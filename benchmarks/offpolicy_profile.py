@@ -12,6 +12,7 @@ first compiled calls are done, times every call of the loop's pieces with `perf_
 | replay add | `replay.add` of the [T, B] rollout |
 | learn | the loop's learner step (`fnrl.learner`: replay sample -> update -> priorities; one compiled graph under `compile`) and `replay.can_sample` |
 | sampler | the rest of the sampler's `collect`: its loop over the steps, `Lane.act`'s and `Lane.begin`'s own Python |
+| checkpoint | `fnrl.train.save_checkpoint` (the replay included): the window ends with the run's last checkpoint, which a short window holds once where the full run writes one every 10%, so it has its own row |
 | rest | wall time of the window minus the pieces above: the training loop's own Python (counters, episode returns, the update cadence), logging and checkpoints at the cadence of the full run (`FULL_RUN`) |
 | timers | this script's own wrappers around the timed calls (calibrated on a no-op, times the number of calls); subtracted from the rows whose time holds them |
 
@@ -47,7 +48,7 @@ SETTINGS = {"dqn": CARTPOLE_DQN, "sac": HALFCHEETAH_SAC, "td3": HALFCHEETAH_SAC}
 FULL_RUN = {"dqn": 100_000, "sac": 1_000_000, "td3": 1_000_000}
 """Env steps of the full run (CleanRL's) whose logging and checkpoint cadence the window keeps:
 `fnrl train`'s defaults for it, a log row every 1% of it and a checkpoint every 10%."""
-PIECES = ("act", "env", "record", "replay add", "learn")
+PIECES = ("act", "env", "record", "replay add", "learn", "checkpoint")
 INSIDE_COLLECT = ("act", "env", "record")
 
 
@@ -135,6 +136,7 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
     SerialSampler.collect = clock.wrap("collect", SerialSampler.collect)
     replay.add = clock.wrap("replay add", replay.add)
     replay.can_sample = clock.wrap("learn", replay.can_sample)
+    train_mod.save_checkpoint = clock.wrap("checkpoint", train_mod.save_checkpoint)
     with tempfile.TemporaryDirectory() as tmp:
         result = train_mod.train(algo, config, seed=1, log_dir=Path(tmp) / "run", compile=compile, quiet=True,
                                  tensorboard=False, plot=False, threads=1, log_interval=FULL_RUN[algo] // 100,
@@ -158,7 +160,7 @@ def table(clock: Clock, wall: float, env_steps: int, per_call: float) -> str:
         - per_call * outside
     shares["timers"] = per_call * (inside + outside)
     rows = ["| piece | share of wall | µs per env step | calls |", "|---|---:|---:|---:|"]
-    for piece in ("act", "env", "record", "sampler", "replay add", "learn", "rest", "timers"):
+    for piece in ("act", "env", "record", "sampler", "replay add", "learn", "checkpoint", "rest", "timers"):
         calls = f"{clock.calls[piece]:,}" if piece in clock.calls else ""
         rows.append(f"| {piece} | {100 * shares[piece] / wall:.1f}% | {1e6 * shares[piece] / env_steps:,.1f} | {calls} |")
     rows.append(f"| **wall** | 100% | {1e6 * wall / env_steps:,.0f} | SPS {env_steps / wall:,.0f} |")
