@@ -186,12 +186,10 @@ def interleaved(algos: list[str], rounds: int, steps: int, python: str, out: Pat
                    f"| {os.getloadavg()[0]:.1f} |")
             lines.append(row)
             print(row, flush=True)
-        pooled = statistics.mean(mine) / statistics.mean(theirs)
-        median = statistics.median(a / b for a, b in zip(mine, theirs))
+        ratios = [a / b for a, b in zip(mine, theirs)]
         summary.append(f"- {algo}: mean {statistics.mean(mine):.0f} vs {statistics.mean(theirs):.0f} env steps/s: "
-                       f"**{pooled:.2f}x** (median of the rounds {median:.2f}x, range "
-                       f"{min(a / b for a, b in zip(mine, theirs)):.2f}-{max(a / b for a, b in zip(mine, theirs)):.2f}x; "
-                       "target 2x).")
+                       f"**{statistics.mean(mine) / statistics.mean(theirs):.2f}x** (median of the rounds "
+                       f"{statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x; target 2x).")
     lines += ["", *summary, "",
               f"Reproduce: `python benchmarks/qpg_halfcheetah.py --interleaved {rounds} --algos {','.join(algos)} "
               f"--steps {steps} --sb3-python PYTHON_WITH_SB3`.", ""]
