@@ -146,6 +146,15 @@ def sb3_worker(algo: str, steps: int, updates: int, threads: int = 1) -> dict:
     return {"updates_per_s": ups, "env_steps_per_s": sps, "version": stable_baselines3.__version__}
 
 
+TITLE = "# SAC and TD3 throughput on HalfCheetah-v4"
+
+
+def write_under_title(out: Path, section: str) -> None:
+    """`section` under the report's title, the earlier runs kept below it."""
+    earlier = out.read_text().split("\n", 1)[1].lstrip("\n") if out.exists() else ""
+    out.write_text(f"{TITLE}\n\n{section}\n{earlier}")
+
+
 def fnrl_worker(algo: str, steps: int) -> dict:
     import torch
 
@@ -193,10 +202,7 @@ def interleaved(algos: list[str], rounds: int, steps: int, python: str, out: Pat
     lines += ["", *summary, "",
               f"Reproduce: `python benchmarks/qpg_halfcheetah.py --interleaved {rounds} --algos {','.join(algos)} "
               f"--steps {steps} --sb3-python PYTHON_WITH_SB3`.", ""]
-    title, earlier = "# SAC and TD3 throughput on HalfCheetah-v4", ""
-    if out.exists():
-        earlier = out.read_text().split("\n", 1)[1].lstrip("\n")
-    out.write_text(f"{title}\n\n" + "\n".join(lines) + "\n" + earlier)
+    write_under_title(out, "\n".join(lines))
     print("\n".join(summary))
 
 
@@ -259,7 +265,7 @@ def main(argv=None):
 
     threads = sorted({1, cores})
     lines = [
-        "# SAC and TD3 throughput on HalfCheetah-v4",
+        TITLE,
         "",
         f"Machine: {where}. stable-baselines3 {sb3_version} (gymnasium MuJoCo env), fnrl with EnvPool. "
         "Settings: 256-256 MLPs, batch 256, one update per env step, one env (CleanRL's MuJoCo settings, "
@@ -301,10 +307,7 @@ def main(argv=None):
         f"--updates {args.updates}`.",
         "",
     ]
-    out = Path(args.out)   # this run under the title, the earlier ones kept below it
-    run = "\n".join([f"## Run of {time.strftime('%Y-%m-%d')}", "", *lines[2:]])
-    earlier = out.read_text().split("\n", 1)[1].lstrip("\n") if out.exists() else ""
-    out.write_text(f"{lines[0]}\n\n{run}\n{earlier}")
+    write_under_title(Path(args.out), "\n".join([f"## Run of {time.strftime('%Y-%m-%d')}", "", *lines[2:]]))
     print("\n".join(lines))
 
 
