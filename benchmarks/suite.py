@@ -15,6 +15,7 @@ thread count, so none inherits another's compiled code, threads or caches.
 
     fnrl bench [--quick] [--only ppo-cartpole-4,dqn-cartpole] [--threads 1] [--out FILE]
                [--steps N] [--contenders raw,compiled,eager,sb3] [--device cpu|cuda]
+    fnrl bench --learning [--only ALGO/ENV,...]   # the learning matrix: benchmarks/learning.py
     python benchmarks/suite.py --quick          # the same, from a source checkout
 
 Peers that are not installed (stable-baselines3, ale-py for Atari, mujoco for MuJoCo) are
@@ -504,7 +505,14 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="fnrl bench", description="Run the benchmark suite and print one table.")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--learning" in argv:   # the learning matrix (benchmarks/learning.py)
+        sys.path.insert(0, str(HERE))
+        import learning
+
+        return learning.main([a for a in argv if a != "--learning"])
+    p = argparse.ArgumentParser(prog="fnrl bench", description="Run the benchmark suite and print one table "
+                                "(--learning: the learning matrix, see benchmarks/learning.py).")
     p.add_argument("--quick", action="store_true", help="shorter runs, no eager column, no Atari or MuJoCo "
                    "(about 10 min on 2 cores)")
     p.add_argument("--only", default=None, help=f"comma-separated workloads: {', '.join(BY_KEY)}")

@@ -1,8 +1,8 @@
 """The `fnrl` command: train, eval, launch, plot, bench.
 
-    fnrl train ALGO [--env ENV_ID] [--total-steps N] [--seed S] [--log-dir DIR]
+    fnrl train ALGO [--env ENV_ID] [--preset auto|none] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda [--cuda-graphs]] [--compile/--no-compile] [--resume DIR]
-                    [--stop-return R] [--eval-interval N [--eval-episodes K]]
+                    [--stop-return R] [--eval-episodes K] [--eval-interval N]
                     [--sampler serial|alternating|parallel|graph|async [--sampler-workers W]] [--nproc N]
                     [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
@@ -11,7 +11,8 @@
     fnrl bench [--quick] [--only KEY,...] [--threads N] [--device cpu|cuda]   (from a source checkout)
 
 Every field of the algorithm's Config is an option of its own, spelled as in CleanRL
-(`--num-envs 64`, `--learning-rate 3e-4`). Bad input stops with one line on stderr and
+(`--num-envs 64`, `--learning-rate 3e-4`); an env with a tuned preset (`fnrl.presets`) starts
+from it, and the options given override it. Bad input stops with one line on stderr and
 exit code 2, before any training.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import typing
 
 from fnrl.errors import ConfigError
+from fnrl.presets import CHOICES, configure, describe
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "update_threads", "env_threads",
                 "quiet", "stop_return", "eval_interval", "eval_episodes", "sampler", "num_seeds", "sweep",
@@ -40,23 +42,26 @@ def _option(name: str) -> str:
 
 
 def _add_config_fields(parser: argparse.ArgumentParser, config) -> None:
+    """An option per Config field; only the options given end up in the parsed namespace (the
+    rest come from the preset or the Config's defaults)."""
     hints = typing.get_type_hints(type(config))
     docs = _field_docs(type(config))
     for f in dataclasses.fields(config):
         default = getattr(config, f.name)
         kind = hints[f.name]
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        help_text = f"{docs.get(f.name, '')} (default: {default}, unless a preset sets it)"
         names = [_option(f.name)] + (["--env"] if f.name == "env_id" else [])
+        given_only = argparse.SUPPRESS
         if kind is bool:
-            parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+            parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=given_only,
                                 help=help_text)
         elif typing.get_origin(kind) is tuple:
             inner = typing.get_args(kind)[0]
-            parser.add_argument(*names, dest=f.name, type=inner, nargs="+", default=default, help=help_text,
+            parser.add_argument(*names, dest=f.name, type=inner, nargs="+", default=given_only, help=help_text,
                                 metavar="V")
         else:
             base = [a for a in typing.get_args(kind) if a is not type(None)]
-            parser.add_argument(*names, dest=f.name, type=base[0] if base else kind, default=default,
+            parser.add_argument(*names, dest=f.name, type=base[0] if base else kind, default=given_only,
                                 help=help_text, metavar=f.name.upper())
 
 
@@ -107,13 +112,17 @@ def _train(argv: list[str]) -> int:
                         help="EnvPool threads per env pool, 0 for one per core (default: 1 for classic-control "
                              "tasks, whose steps cost less than a thread hand-off; one per core otherwise)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--preset", default="auto", choices=CHOICES,
+                        help="auto: start from the tuned settings of this algorithm and env where fnrl has them "
+                             "(fnrl/presets); none: the Config defaults (default: auto)")
     parser.add_argument("--stop-return", type=float, default=None, metavar="R",
-                        help="stop early once a log interval's mean episode return reaches R (default: never)")
-    parser.add_argument("--eval-interval", type=int, default=None, metavar="N",
-                        help="evaluate without exploration every N env steps and at the end, logged as "
-                             "eval_return_mean (default: never)")
+                        help="stop early once the mean return of the last 100 episodes reaches R, after at least "
+                             "20 episodes (of every seed) (default: never)")
     parser.add_argument("--eval-episodes", type=int, default=10, metavar="K",
-                        help="episodes per evaluation (default: 10)")
+                        help="the final evaluation: K episodes of every seed's policy without exploration on "
+                             "separate envs, logged as eval_return_mean; 0 turns it off (default: 10)")
+    parser.add_argument("--eval-interval", type=int, default=None, metavar="N",
+                        help="also evaluate every N env steps (default: only at the end)")
     parser.add_argument("--sampler", default=None, metavar="NAME",
                         help="how rollouts are collected: serial, alternating (two EnvPool groups overlapping the "
                              "policy), parallel (worker processes), graph (CartPole-v1, Acrobot-v1, Pendulum-v1, "
@@ -137,16 +146,34 @@ def _train(argv: list[str]) -> int:
 
         args["sweep"] = parse_sweep(args["sweep"])
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
-    config = dataclasses.replace(config, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
+    choice = args.pop("preset")
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+    config = preset = None
+    if run["resume"] is None:   # a resumed run continues with its checkpoint's config
+        config, preset = configure(name, preset=choice, **given)
+        if preset is not None and _rank() == 0:
+            print(f"fnrl: {describe(preset)}")
 
     from fnrl.train import train
 
-    result = train(name, config if run["resume"] is None else None, **run)
+    result = train(name, config, preset=preset, **run)
     if result.log_dir is None:   # a non-zero rank of a torchrun launch: rank 0 reports
         return 0
-    print(f"done: {result.history[-1]['env_steps'] if result.history else 0} env steps, "
-          f"return_mean {result.return_mean:.2f}; outputs in {result.log_dir}")
+    print(f"done: {result.history[-1]['env_steps'] if result.history else 0} env steps, return_mean "
+          f"{result.return_mean:.2f} (last 100 episodes){_evaluation_text(result.eval_returns)}; "
+          f"outputs in {result.log_dir}")
     return 0
+
+
+def _evaluation_text(returns: list[list[float]] | None) -> str:
+    """"; final evaluation M (K episodes, no exploration)", with each row's mean for several rows."""
+    if not returns:
+        return ""
+    means = [sum(r) / len(r) for r in returns]
+    text = f"; final evaluation {sum(means) / len(means):.2f} ({len(returns[0])} episodes"
+    if len(means) > 1:
+        text += f" per seed, no exploration; per seed {', '.join(f'{m:.1f}' for m in means)})"
+    return text + ("" if len(means) > 1 else ", no exploration)")
 
 
 def _eval(argv: list[str]) -> int:

@@ -3,7 +3,7 @@
     returns = evaluate_state("ppo", config, state, episodes=10)      # one-off
     evaluator = Evaluator("ppo", config, episodes=10)                # reusable: env + agent made once
     returns = evaluator(state); evaluator.close()
-    online = OnlineEval("ppo", config, interval=10_000, episodes=10)  # what train(eval_interval=...) uses
+    evaluation = RunEvaluation("ppo", [config], [seed], episodes=10)  # what train() runs at the end
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from fnrl import algos, envs
+from fnrl import algos, envs, rng
 from fnrl.errors import ConfigError
 from fnrl.train import _from_json, _make_agent, load_checkpoint
 
@@ -20,7 +20,8 @@ from fnrl.train import _from_json, _make_agent, load_checkpoint
 class Evaluator:
     """Evaluation envs and a non-exploring agent, made once and reused for many evaluations.
 
-    Eval envs are fresh (seed `seed`), `train=False`: no Atari episodic life or reward
+    Eval envs are fresh (seeded `seed`: an int s seeds env i with s + i, a list seeds each env),
+    `train=False`: no Atari episodic life or reward
     clipping, so returns are the raw game score over whole games. The agent is built
     from `config` (eager unless `compile=True`) and acts with `explore=False` (greedy /
     distribution mode). Each call resets the envs and runs until every env has finished
@@ -36,13 +37,14 @@ class Evaluator:
         `render_mode="rgb_array"` (EnvPool's renderer, or gymnasium's for gymnasium envs).
     """
 
-    def __init__(self, name: str, config, *, episodes: int = 10, seed: int = 10_000, num_envs: int | None = None,
+    def __init__(self, name: str, config, *, episodes: int = 10, seed: int | list[int] = 10_000,
+                 num_envs: int | None = None,
                  device: str = "cpu", compile: bool = False, record: list | None = None, record_episodes: int = 1):
         if episodes < 1:
             raise ConfigError(f"evaluation needs at least 1 episode, got {episodes}")
         module = algos.load(name)
         self.episodes = episodes
-        self.num_envs = num_envs or min(episodes, 8)
+        self.num_envs = num_envs or (len(seed) if isinstance(seed, list) else min(episodes, 8))
         self.device = torch.device(device)
         self.record, self.record_episodes = record, record_episodes
         kwargs = {"render_mode": "rgb_array"} if record is not None else {}
@@ -112,37 +114,62 @@ def evaluate_state(name: str, config, state, episodes: int = 10, seed: int = 10_
         evaluator.close()
 
 
-class OnlineEval:
-    """Evaluation during training (`train(..., eval_interval=N)`): an `Evaluator` made once,
-    run at the first log row at or after every N env steps, and at the final row.
+EVAL_ENVS = 32
+"""The most envs a run's evaluation steps at once; up to this many episodes run one per env."""
 
-    `__call__(state, env_steps, final)` returns the columns for that log row:
-    `eval_return_mean`, `eval_return_std` (population std over the episodes), NaN in rows
-    without an evaluation, so progress.csv keeps one fixed header.
+
+class RunEvaluation:
+    """The deterministic evaluation of a training run: at the end of every run (its final
+    evaluation) and, with `interval`, at the first log row at or after every `interval` env steps.
+
+    configs, seeds: the run's rows (one for a single run; a vmapped run's seeds and swept
+        settings), each evaluated with its own `Evaluator`: an eager agent of its config acting
+        without exploration, on `min(episodes, EVAL_ENVS)` fresh eval envs seeded from the row's
+        seed (`fnrl.rng.EVAL_ENV` stream, separate from its training envs), each env
+        contributing its first finished episodes.
+    __call__(state, env_steps, final) -> one dict per row with `eval_return_mean` and
+        `eval_return_std` (population std over the episodes): evaluated where due or `final`,
+        NaN otherwise, so progress.csv keeps one header. `state` is the run's state (rows
+        stacked along its first dimension for several rows).
+    returns: the returns of the latest evaluation of each row (None before the first).
     """
 
     COLUMNS = ("eval_return_mean", "eval_return_std")
 
-    def __init__(self, name: str, config, interval: int, episodes: int = 10, *, start: int = 0,
-                 seed: int = 10_000, device: str = "cpu"):
-        if not isinstance(interval, int) or interval < 1:
-            raise ConfigError(f"eval_interval must be a positive number of env steps, got {interval!r}")
+    def __init__(self, name: str, configs: list, seeds: list[int], episodes: int = 10, *,
+                 interval: int | None = None, start: int = 0, device: str = "cpu"):
+        if interval is not None and (not isinstance(interval, int) or interval < 1):
+            raise ConfigError(f"--eval-interval must be a positive number of env steps, got {interval!r}")
         if not isinstance(episodes, int) or episodes < 1:
-            raise ConfigError(f"eval_episodes must be at least 1, got {episodes!r}")
+            raise ConfigError(f"--eval-episodes must be at least 1 (0 turns evaluation off), got {episodes!r}")
         self.interval = interval
-        self.next = start + interval
-        self.evaluator = Evaluator(name, config, episodes=episodes, seed=seed, device=device)
+        self.next = None if interval is None else start + interval
+        self.returns: list[list[float]] | None = None
+        n = min(episodes, EVAL_ENVS)
+        self.evaluators = []
+        try:
+            for config, seed in zip(configs, seeds):
+                self.evaluators.append(Evaluator(name, config, episodes=episodes, num_envs=n, device=device,
+                                                 seed=rng.env_seeds(seed, n, stream=rng.EVAL_ENV)))
+        except BaseException:
+            self.close()
+            raise
 
-    def __call__(self, state, env_steps: int, final: bool = False) -> dict:
-        if env_steps < self.next and not final:
-            return dict.fromkeys(self.COLUMNS, math.nan)
-        while self.next <= env_steps:
+    def due(self, env_steps: int, final: bool = False) -> bool:
+        return final or (self.next is not None and env_steps >= self.next)
+
+    def __call__(self, state, env_steps: int, final: bool = False) -> list[dict]:
+        if not self.due(env_steps, final):
+            return [dict.fromkeys(self.COLUMNS, math.nan) for _ in self.evaluators]
+        while self.next is not None and self.next <= env_steps:
             self.next += self.interval
-        r = np.asarray(self.evaluator(state), dtype=np.float64)
-        return {"eval_return_mean": float(r.mean()), "eval_return_std": float(r.std())}
+        stacked = state.batch_dims > 0   # a vmapped run's rows
+        self.returns = [evaluator(state[r] if stacked else state) for r, evaluator in enumerate(self.evaluators)]
+        return [{"eval_return_mean": float(np.mean(r)), "eval_return_std": float(np.std(r))} for r in self.returns]
 
     def close(self) -> None:
-        self.evaluator.close()
+        for evaluator in self.evaluators:
+            evaluator.close()
 
 
 def _load(path, row: int | None = None):

@@ -71,6 +71,18 @@ class Logger:
             self._tb.close()
 
 
+def interval_rows(shared: dict, episodes: list[dict], evaluations: list[dict] | None, metrics: list[dict],
+                  labels: list[dict]) -> list[dict]:
+    """The progress rows of one log interval, one per row of the run (a single run has one):
+    the columns every row shares (`env_steps`, `updates`, `wall_s`, `sps`, ...), the row's
+    labels (a vmapped run's `seed` and swept field), its episode statistics
+    (`fnrl.episodes.EpisodeStats.columns`), its evaluation columns (None without evaluation)
+    and its metrics, in that order: the column order of progress.csv."""
+    evaluations = evaluations if evaluations is not None else [{}] * len(episodes)
+    return [{**shared, **label, **episode, **evaluation, **metric}
+            for label, episode, evaluation, metric in zip(labels, episodes, evaluations, metrics)]
+
+
 def _num(v: str):
     try:
         return float(v)

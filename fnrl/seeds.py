@@ -8,9 +8,8 @@ R = V x K independent *rows*. Row r = (value index i, seed index k) is exactly t
   with FIELD = v_i; the R states are stacked into one TensorDict [R, ...];
 - its B envs are envs `r*B .. (r+1)*B - 1` of one pool of R x B envs (`make_env`: EnvPool,
   or in-process where a single run of B envs steps in-process), seeded one by one with
-  `s + k + j`, j = 0..B-1: the very seeds a single run with seed s + k gives its envs (env j
-  of a run with seed S gets S + j). Rows s and s + 1 thus share B - 1 env seeds, exactly as
-  two separate runs do;
+  `fnrl.rng.env_seeds(s + k, B)`: the very seeds a single run with seed s + k gives its envs,
+  spawned from that seed alone, so no two rows share an env seed;
 - acting and the update are `torch.func.vmap`-ed over the row axis
   (`randomness="different"`) and then compiled; the update reads every swept field from
   the state (the algorithm's SWEEPABLE fields), so one compiled function serves all rows.
@@ -51,7 +50,7 @@ from typing import Callable, NamedTuple
 import torch
 from tensordict import TensorDict
 
-from fnrl import aot, envs
+from fnrl import aot, envs, rng
 from fnrl.algos.common import Agent
 from fnrl.errors import ConfigError
 from fnrl.nets.core import vmapped_rows
@@ -137,9 +136,9 @@ def _recurrent(module) -> bool:
 
 
 def env_seeds(rows: list[Row], num_envs: int) -> list[int]:
-    """Per-env seeds of the pool of len(rows) x num_envs envs: row r's env j gets
-    rows[r].seed + j, as in a single run with seed rows[r].seed."""
-    return [row.seed + j for row in rows for j in range(num_envs)]
+    """Per-env seeds of the pool of len(rows) x num_envs envs: row r's envs get
+    `fnrl.rng.env_seeds(rows[r].seed, num_envs)`, as in a single run with seed rows[r].seed."""
+    return [s for row in rows for s in rng.env_seeds(row.seed, num_envs)]
 
 
 def make_env(env_id: str, rows: list[Row], num_envs: int):
@@ -242,24 +241,6 @@ def sequence_input(module, rows: list[Row], rollout):
     data = torch.cat([d for d, _ in parts], dim=1)
     priority = None if parts[0][1] is None else torch.cat([p for _, p in parts])
     return data, priority
-
-
-def split_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """[T, R * B, ...] -> [T, R, B, ...] (a view): the rows of a vmapped run's rollout tensor."""
-    return x.reshape(x.shape[0], num_rows, -1, *x.shape[2:])
-
-
-def episode_returns_by_row(rollout, num_rows: int) -> list[list[float]]:
-    """The returns of the episodes that ended in `rollout` [T, R * B], grouped by row."""
-    ended = split_rows(rollout["episode_end"], num_rows)
-    if not ended.any():
-        return [[] for _ in range(num_rows)]
-    returns = split_rows(rollout["episode_return"], num_rows)
-    row_index = ended.nonzero()[:, 1].tolist()
-    out = [[] for _ in range(num_rows)]
-    for r, g in zip(row_index, returns[ended].tolist()):
-        out[r].append(g)
-    return out
 
 
 def metric_rows(metrics, num_rows: int) -> list[dict]:

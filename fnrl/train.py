@@ -18,7 +18,6 @@ import inspect
 import json
 import math
 import os
-import random
 import time
 import warnings
 from dataclasses import dataclass
@@ -28,10 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fnrl import algos, aot, envs, samplers
+from fnrl import algos, aot, envs, rng, samplers
 from fnrl.distributed.data_parallel import RowsOnly
+from fnrl.episodes import EpisodeStats, returns_by_row
 from fnrl.errors import ConfigError
 from fnrl.inductor import compile_with_cpp_wrapper_on_cpu
+from fnrl.logger import interval_rows
 from fnrl.replay import snapshot as replay_snapshot
 
 CHECKPOINT = "checkpoint.pt"
@@ -44,10 +45,28 @@ class TrainingError(RuntimeError):
 
 @dataclass
 class TrainResult:
+    """What `train` returns.
+
+    state: the final training state (rows stacked for a vmapped run).
+    return_mean: the trailing mean return (last 100 finished episodes; the mean over rows).
+    history: the rows written to progress.csv.
+    log_dir: the run folder (None on ranks other than 0).
+    eval_returns: the final deterministic evaluation's episode returns, one list per row
+        (None where evaluation was off or another process evaluated).
+    """
+
     state: object
     return_mean: float
     history: list
     log_dir: Path
+    eval_returns: list | None = None
+
+    @property
+    def eval_return_mean(self) -> float:
+        """The final evaluation's mean return (the mean of the rows' means; NaN without one)."""
+        if not self.eval_returns:
+            return math.nan
+        return float(np.mean([np.mean(r) for r in self.eval_returns]))
 
 
 def _default_log_dir(name: str, config, seed: int) -> Path:
@@ -66,10 +85,12 @@ def _prepare_log_dir(log_dir, name, config, seed, resume) -> Path:
     return path
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+def write_config_json(run_dir: Path, name: str, seed: int, config, preset: str | None, **extra) -> None:
+    """The run's `config.json`: algorithm, seed, the preset its config started from (None for the
+    defaults), the config, and the loop's own entries (`extra`)."""
+    (run_dir / "config.json").write_text(json.dumps(
+        {"algo": name, "seed": seed, "preset": preset, **extra, "config": dataclasses.asdict(config)}, indent=2,
+        default=str))
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -308,7 +329,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
            threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
            plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
            eval_episodes: int = 10, sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1,
-           sweep: dict | None = None, cuda_graphs: bool = False) -> TrainResult:
+           sweep: dict | None = None, cuda_graphs: bool = False, preset: str | None = None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -320,17 +341,20 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         per layer or of images, else `threads`).
     resume: a run folder; training continues from its checkpoint with its config (and, where the
         checkpoint holds them, its replay buffer and the graph sampler's envs; see `checkpoint`).
-    stop_return: stop early (with a checkpoint) once a log row's return_mean reaches this value
-        (with several seeds: once every seed has had a row that reaches it).
+    stop_return: stop early (with a checkpoint) at the first log row where the trailing mean
+        return (last 100 finished episodes, `fnrl.episodes`) is at least this value after at
+        least 20 finished episodes; with several rows (seeds, swept values), where every row's is.
     num_seeds, sweep: train num_seeds seeds (seed, seed + 1, ...) and, with sweep={FIELD: [v1, ...]},
         each value of one numeric Config field, all at once in one process (fnrl.seeds): one env
         pool, the states stacked, acting and the update vmapped. progress.csv then has one row
         per seed (and value) per log interval, with a `seed` column (and a FIELD column); env
         steps and total_steps count per seed, `sps` counts all seeds together.
-    eval_interval: evaluate the policy without exploration on separate eval envs
-        (fnrl.evaluate.OnlineEval) at the first log row after every `eval_interval` env
-        steps and at the end: `eval_episodes` full episodes, logged as `eval_return_mean`
-        and `eval_return_std` (NaN in the other rows).
+    eval_episodes: the final evaluation: at the end of the run, the policy of every row acts
+        without exploration (greedy / the distribution's mode) for this many full episodes on
+        separate eval envs (`fnrl.evaluate.RunEvaluation`), logged in the last row as
+        `eval_return_mean` and `eval_return_std` (NaN in the other rows) and returned as
+        `TrainResult.eval_returns`; 0 turns evaluation off.
+    eval_interval: also evaluate at the first log row after every `eval_interval` env steps.
     sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
         parallel, graph: the env's dynamics in torch, compiled with the policy into one call per
         rollout, for the envs of fnrl.envs.functional: CartPole, Acrobot, Pendulum, MountainCar),
@@ -357,8 +381,12 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         log_dir, seed = resume, ckpt["seed"]
         num_seeds, sweep = ckpt.get("num_seeds", 1), ckpt.get("sweep")
         sampler = sampler or ckpt.get("sampler", "serial")
+        preset = ckpt.get("preset")
     sampler = sampler_name = sampler or "serial"
-    config = config if config is not None else algos.default_config(name)
+    if config is None:
+        from fnrl.presets import configure
+
+        config, preset = configure(name)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu")
     module.validate(config)
@@ -375,9 +403,14 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         rows = vmapped.make_rows(module, config, seed, num_seeds, sweep)
         sweep = {vmapped.ALIASES.get(k, k): [float(v) for v in vs] for k, vs in sweep.items()} if sweep else None
     width = len(rows) if rows else 1  # independent rows trained side by side
-    if rows and (sampler not in ("serial", "graph") or eval_interval is not None):
-        raise ConfigError("--num-seeds / --sweep train with the serial sampler (or the graph sampler) and without "
-                          "--eval-interval; drop --sampler / --eval-interval, or run the seeds separately")
+    if rows and sampler not in ("serial", "graph"):
+        raise ConfigError("--num-seeds / --sweep train with the serial sampler (or the graph sampler); drop "
+                          "--sampler, or run the seeds separately")
+    if not isinstance(eval_episodes, int) or eval_episodes < 0:
+        raise ConfigError(f"--eval-episodes must be >= 0 (0 turns the final evaluation off), got {eval_episodes!r}")
+    if eval_interval is not None and (not isinstance(eval_interval, int) or eval_interval < 1 or not eval_episodes):
+        raise ConfigError(f"--eval-interval must be a positive number of env steps, with --eval-episodes >= 1; got "
+                          f"{eval_interval!r} and {eval_episodes!r}")
     if world.size > 1 and (rows or sampler != "serial"):
         raise ConfigError("data-parallel runs (--nproc / torchrun) use the serial sampler and one seed per "
                           "process; drop --sampler / --num-seeds / --sweep")
@@ -395,7 +428,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
         torch.set_num_threads(threads)
     if update_threads is not None and update_threads < 1:
         raise ConfigError(f"--update-threads must be at least 1, got {update_threads}")
-    seed_everything(seed + world.rank)
+    rng.seed_everything(seed, world.rank)
     runtime = "async" if sampler == "async" else getattr(module, "RUNTIME", "serial")
     if update_threads is not None and runtime != "serial":
         raise ConfigError(f"--update-threads applies to the serial training loop, not to {name}'s {runtime} one; "
@@ -403,37 +436,34 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if sampler == "async":
         from fnrl.train_async import train_async
 
-        if eval_interval is not None:
-            raise ConfigError("--eval-interval is not supported with --sampler async yet; evaluate the run's "
-                              "checkpoint with `fnrl eval RUN_DIR`")
-
         return train_async(name, module, config, seed=seed, log_dir=log_dir, device=device, compile=compile,
                            quiet=quiet, ckpt=ckpt if resume is not None else None, log_interval=log_interval,
                            checkpoint_every=checkpoint_every, threads=threads, tensorboard=tensorboard, plot=plot,
-                           stop_return=stop_return)
+                           stop_return=stop_return, eval_episodes=eval_episodes, eval_interval=eval_interval,
+                           preset=preset)
     if getattr(module, "RUNTIME", "serial") == "central":  # actor processes + central inference (IMPALA)
         from fnrl.train_central import train_central
 
-        if rows or world.size > 1 or sampler != "serial" or eval_interval is not None:
-            raise ConfigError(f"{name} runs its own actor processes: drop --sampler, --nproc, --num-seeds, "
-                              "--sweep and --eval-interval (evaluate its checkpoint with `fnrl eval RUN_DIR`)")
+        if rows or world.size > 1 or sampler != "serial":
+            raise ConfigError(f"{name} runs its own actor processes: drop --sampler, --nproc, --num-seeds and "
+                              "--sweep (run its seeds as separate runs)")
         return train_central(name, module, config, seed=seed, log_dir=log_dir, device=device, compile=compile,
                              quiet=quiet, resume=resume, log_interval=log_interval,
                              checkpoint_every=checkpoint_every, tensorboard=tensorboard, plot=plot,
-                             stop_return=stop_return)
+                             stop_return=stop_return, eval_episodes=eval_episodes, eval_interval=eval_interval,
+                             preset=preset)
     sequence_replay = getattr(module, "REPLAY", None) == "sequence"
     if sampler == "graph":   # the env's dynamics in torch, compiled into the rollout (fnrl.samplers.graph)
         from fnrl.envs import functional
 
-        env = functional.make(config.env_id, width * config.num_envs, seed=seed)
+        env = functional.make(config.env_id, width * config.num_envs, seed=rng.derive(seed, rng.ENV))
         if rows:
             agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
     elif rows:
         env = vmapped.make_env(config.env_id, rows, config.num_envs)
         agent = vmapped.make_agent(module, rows, env.spec, config.num_envs, compile)
-    else:
-        # rank r steps envs seed + r * B + i: together the ranks step one pool of size * B envs
-        env = envs.make(config.env_id, config.num_envs, seed=seed + world.rank * config.num_envs)
+    else:   # each env of each rank its own seed (fnrl.rng)
+        env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs, world.rank))
     # one compiled graph samples and updates (fnrl.learner): row replay without frame dedup, one seed
     fused_learner = (FUSED_LEARNER and compile and off_policy and not rows and not sequence_replay
                      and not env.spec.is_atari)
@@ -448,9 +478,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     with world.agree():
         run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None) if world.main else None
     if world.main:
-        (run_dir / "config.json").write_text(json.dumps(
-            {"algo": name, "seed": seed, "config": dataclasses.asdict(run_config),
-             **({"num_seeds": num_seeds, "sweep": sweep} if rows else {})}, indent=2, default=str))
+        write_config_json(run_dir, name, seed, run_config, preset, **({"num_seeds": num_seeds, "sweep": sweep}
+                                                                       if rows else {}))
 
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
@@ -465,14 +494,18 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
             torch.set_rng_state(ckpt["torch_rng"])
             np.random.set_state(ckpt["numpy_rng"])
         else:
-            seed_everything(seed + world.rank + 7919 * counters["env_steps"])
+            rng.seed_everything(seed, world.rank, counters["env_steps"])
     state = world.broadcast_state(state.to(device))   # identical parameters on every rank
-    online_eval = None
-    if eval_interval is not None and world.main:
-        from fnrl.evaluate import OnlineEval
+    stats = EpisodeStats(width)
+    if resume is not None and ckpt.get("episodes") is not None:
+        stats.load_state_dict(ckpt["episodes"])
+    evaluation = None
+    if eval_episodes and world.main:
+        from fnrl.evaluate import RunEvaluation
 
-        online_eval = OnlineEval(name, config, eval_interval, eval_episodes, start=counters["env_steps"],
-                                 device=device)
+        evaluation = RunEvaluation(name, [row.config for row in rows] if rows else [config],
+                                   [row.seed for row in rows] if rows else [seed], eval_episodes,
+                                   interval=eval_interval, start=counters["env_steps"], device=device)
 
     from fnrl.logger import Logger
     sampler = samplers.make(sampler, env, agent.act, config.num_steps, device=device, agent=(name, config),
@@ -506,7 +539,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(run_config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(), "world_size": world.size,
-            "sampler": sampler_name, "sampler_state": sampler.state_dict() if keeps_envs else None,
+            "sampler": sampler_name, "sampler_state": sampler.state_dict() if keeps_envs else None, "preset": preset,
+            "episodes": stats.state_dict(),
             **({"replay": _checkpointed_replay(replay_state) if world.size == 1 else None,
                 "update_credit": update_credit} if off_policy else {}),
             **({"num_seeds": num_seeds, "sweep": sweep} if rows else {}),
@@ -528,11 +562,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
 
         bar = tqdm(total=config.total_steps * world.size, initial=counters["env_steps"] * world.size, unit="step",
                    dynamic_ncols=True, desc=f"{name} {config.env_id}")
-    ep_returns: list[float] = []
-    row_returns = [[] for _ in range(width)]
-    last_returns = [float("nan")] * width
-    reached = [False] * width
-    last_return = float("nan")
+    finished = [[] for _ in range(width)]   # returns of the episodes each row finished since the last log row
     next_log = counters["env_steps"] + log_interval
     next_ckpt = counters["env_steps"] + checkpoint_every
     metrics = {}
@@ -551,13 +581,8 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
             rollout = sampler.collect(state)
             counters["env_steps"] += steps_per_collect
             state["env_steps"].add_(steps_per_collect)   # in place, as `+=` is, without the TensorDict's set
-            if rows:
-                for r, g in enumerate(vmapped.episode_returns_by_row(rollout, width)):
-                    row_returns[r].extend(g)
-            else:
-                ended = rollout["episode_end"]
-                if ended.any():
-                    ep_returns.extend(rollout["episode_return"][ended].tolist())
+            for r, returns in enumerate(returns_by_row(rollout, width)):
+                finished[r].extend(returns)
             if not off_policy:
                 with _intra_op_threads(update_threads):
                     state, metrics = agent.update(state, rollout)
@@ -605,37 +630,24 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
                 next_log += log_interval
                 now = time.perf_counter()
                 scalars = check_finite()
-                return_sum, episodes = world.sum([float(np.sum(ep_returns)), len(ep_returns)])  # all ranks'
-                episodes = int(episodes)
-                if episodes:
-                    last_return = return_sum / episodes
-                counters["episodes"] += episodes
+                stats.add([world.gather(returns) for returns in finished])   # every rank's episodes
+                finished = [[] for _ in range(width)]
+                solved = stats.reached(stop_return)
+                counters["episodes"] = sum(stats.finished)
                 counters["wall_s"] = now - t_start
-                row = {"env_steps": counters["env_steps"] * world.size, "updates": counters["updates"],
-                       "wall_s": round(counters["wall_s"], 3),
-                       "sps": round((counters["env_steps"] - steps_log) * world.size / max(now - t_log, 1e-9), 1),
-                       "return_mean": last_return if episodes else float("nan"),
-                       "episodes": episodes}
-                row.update({k: v for k, v in scalars.items() if k != "priority"})
-                if rows:
-                    row["sps"] = round(row["sps"] * width, 1)
-                    _log_rows(logger, row, rows, row_returns, last_returns, reached, metrics, stop_return)
-                    counters["episodes"] += sum(map(len, row_returns))
-                    row_returns = [[] for _ in range(width)]
-                    last_return = float(np.nanmean(last_returns)) if not all(map(math.isnan, last_returns)) \
-                        else float("nan")
-                    solved = all(reached)
-                else:
-                    if online_eval is not None:
-                        last = counters["env_steps"] >= config.total_steps or (
-                            stop_return is not None and row["return_mean"] >= stop_return)
-                        row.update(online_eval(state, counters["env_steps"], final=last))
+                sps = (counters["env_steps"] - steps_log) * world.size * width / max(now - t_log, 1e-9)
+                shared = {"env_steps": counters["env_steps"] * world.size, "updates": counters["updates"],
+                          "wall_s": round(counters["wall_s"], 3), "sps": round(sps, 1)}
+                final = solved or counters["env_steps"] >= config.total_steps
+                evaluations = evaluation(state, counters["env_steps"], final) if evaluation is not None else None
+                metric_rows = (vmapped.metric_rows(metrics, width) if rows
+                               else [{k: v for k, v in scalars.items() if k != "priority"}])
+                for row in interval_rows(shared, stats.columns(), evaluations, metric_rows,
+                                         [run.labels for run in rows] if rows else [{}]):
                     logger.log(row)
-                    solved = stop_return is not None and row["return_mean"] >= stop_return
-                ep_returns = []
                 t_log, steps_log = now, counters["env_steps"]
                 if bar is not None:
-                    bar.set_postfix(sps=f"{row['sps']:.0f}", ret=f"{last_return:.1f}")
+                    bar.set_postfix(sps=f"{sps:.0f}", ret=f"{np.nanmean(stats.means()):.1f}")
             if solved or counters["env_steps"] >= next_ckpt or counters["env_steps"] >= config.total_steps:
                 steady.release()
                 next_ckpt += checkpoint_every
@@ -649,12 +661,19 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
             bar.close()
         logger.close()
         sampler.close()
-        if online_eval is not None:
-            online_eval.close()
+        if evaluation is not None:
+            evaluation.close()
     if plot and world.main:
         seeds_text = f"seeds {seed}-{seed + num_seeds - 1}" if num_seeds > 1 else f"seed {seed}"
         logger.plot(title=f"{name} {config.env_id} {seeds_text}" + (f", sweep {', '.join(sweep)}" if sweep else ""))
-    return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+    return TrainResult(state=state, return_mean=_mean_of_rows(stats.means()), history=logger.rows, log_dir=run_dir,
+                       eval_returns=evaluation.returns if evaluation is not None else None)
+
+
+def _mean_of_rows(values: list[float]) -> float:
+    """The mean of the rows' values that are defined (NaN if none is)."""
+    defined = [v for v in values if not math.isnan(v)]
+    return float(np.mean(defined)) if defined else math.nan
 
 
 def _restored(fresh, saved, resume):
@@ -705,23 +724,6 @@ def _make_learner(update, config, replay, fused: bool, compile: bool, rows, sequ
                         ahead_of_time=fused and ahead_of_time, replay=replay,
                         sample_options={} if sequence_replay else {"compiled": compile}, rows=bool(rows),
                         cuda_graph=cuda_graph)
-
-
-def _log_rows(logger, row, rows, row_returns, last_returns, reached, metrics, stop_return):
-    """One progress row per row of a vmapped run (seed / swept value): its own episodes,
-    return_mean and metrics; `reached[r]` records whether row r ever reached stop_return."""
-    from fnrl import seeds as vmapped
-
-    per_row = vmapped.metric_rows(metrics, len(rows))
-    for r, run in enumerate(rows):
-        if row_returns[r]:
-            last_returns[r] = float(np.mean(row_returns[r]))
-        out = {k: row[k] for k in ("env_steps", "updates", "wall_s", "sps")}
-        out.update(run.labels)
-        out.update(return_mean=last_returns[r] if row_returns[r] else float("nan"), episodes=len(row_returns[r]))
-        out.update(per_row[r] if per_row else {})
-        logger.log(out)
-        reached[r] = reached[r] or (stop_return is not None and out["return_mean"] >= stop_return)
 
 
 def _init_replay(config, rollout, spec, device, rows=None):

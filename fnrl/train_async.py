@@ -23,15 +23,17 @@ import time
 import numpy as np
 import torch
 
-from fnrl import algos, envs
+from fnrl import algos, envs, rng
+from fnrl.episodes import EpisodeStats
 from fnrl.errors import ConfigError
+from fnrl.logger import interval_rows
 from fnrl.replay import snapshot as replay_snapshot
 from fnrl.replay.shared import SharedReplay
 from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, TimedLock, start_method
 from fnrl.samplers.serial import SerialSampler
 from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _check_finite,
                         _init_replay, _make_agent, _prepare_log_dir, _resumed_replay,
-                        save_checkpoint)
+                        save_checkpoint, write_config_json)
 
 ACT_KEYS = ("params", "obs_rms")
 """State keys an off-policy `act` may read besides env_steps (a module may set its own `ACT_KEYS`)."""
@@ -54,9 +56,10 @@ def check_async(name: str, module, config, sampler_device: str = "cpu", max_lead
 
 
 def _build_actor(name: str, config, seed: int):
-    """Run in the sampler process: its own env, the policy's act and an initial state."""
+    """Run in the sampler process: its own env (each env seeded from the run's seed, `fnrl.rng`),
+    the policy's act and an initial state."""
     module = algos.load(name)
-    env = envs.make(config.env_id, config.num_envs, seed=seed)
+    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
     env.poll = False   # the sampler shares the cores with the learner: EnvPool's recv sleeps at once
     agent = module.make(config, env.spec)
     return env, agent.act, agent.init(seed)
@@ -65,8 +68,9 @@ def _build_actor(name: str, config, seed: int):
 def train_async(name: str, module, config, *, seed: int, log_dir, device: str = "cpu", compile: bool = True,
                 quiet: bool = False, ckpt: dict | None = None, log_interval: int | None = None,
                 checkpoint_every: int | None = None, threads: int | None = 1, tensorboard: bool = True,
-                plot: bool = True, stop_return: float | None = None, sampler_device: str = "cpu",
-                max_lead_collects: int | None = 4, stall_timeout: float = 300.0) -> TrainResult:
+                plot: bool = True, stop_return: float | None = None, eval_episodes: int = 10,
+                eval_interval: int | None = None, sampler_device: str = "cpu", max_lead_collects: int | None = 4,
+                stall_timeout: float = 300.0, preset: str | None = None) -> TrainResult:
     """Train off-policy algorithm `name` with the async sampler; arguments as `fnrl.train.train`.
 
     device: where the optimizer (update) runs, e.g. "cuda"; sampler_device: where the
@@ -80,7 +84,7 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
     """
     check_async(name, module, config, sampler_device, max_lead_collects)
     steps_per_collect = config.num_steps * config.num_envs
-    probe = envs.make(config.env_id, config.num_envs, seed=seed)
+    probe = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
     spec = probe.spec
     agent = _make_agent(module, config, spec, compile)
     state = agent.init(seed)
@@ -89,15 +93,16 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
     finally:
         probe.close()
     run_dir = _prepare_log_dir(log_dir, name, config, seed, ckpt is not None)
-    (run_dir / "config.json").write_text(json.dumps(
-        {"algo": name, "seed": seed, "sampler": "async", "device": str(device),
-         "sampler_device": str(sampler_device), "config": dataclasses.asdict(config)}, indent=2,
-        default=str))
+    write_config_json(run_dir, name, seed, config, preset, sampler="async", device=str(device),
+                      sampler_device=str(sampler_device))
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
+    stats = EpisodeStats()
     if ckpt is not None:
         state, counters = ckpt["state"], dict(ckpt["counters"])
         torch.set_rng_state(ckpt["torch_rng"])
         np.random.set_state(ckpt["numpy_rng"])
+        if ckpt.get("episodes") is not None:
+            stats.load_state_dict(ckpt["episodes"])
     state = state.to(device)
 
     ctx_method = start_method(sampler_device)
@@ -118,7 +123,8 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
         save_checkpoint(run_dir / CHECKPOINT, {
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(), "sampler": "async", "replay": replay.snapshot() if replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES else None,
+            "numpy_rng": np.random.get_state(), "sampler": "async", "episodes": stats.state_dict(), "preset": preset,
+            "replay": replay.snapshot() if replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES else None,
         })
 
     def check_finite() -> dict:
@@ -127,8 +133,13 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
     from fnrl.logger import Logger
 
     sampler.start()   # before the logger's and progress bar's threads exist (the sampler may be forked)
-    logger = bar = None
+    logger = bar = evaluation = None
     try:
+        if eval_episodes:
+            from fnrl.evaluate import RunEvaluation
+
+            evaluation = RunEvaluation(name, [config], [seed], eval_episodes, interval=eval_interval,
+                                       start=counters["env_steps"], device=device)
         logger = Logger(run_dir, tensorboard=tensorboard, append=ckpt is not None)
         log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)
         checkpoint_every = checkpoint_every or max(steps_per_collect, config.total_steps // 10)
@@ -139,7 +150,7 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
                        desc=f"{name} {config.env_id} async")
         next_log = counters["env_steps"] + log_interval
         next_ckpt = counters["env_steps"] + checkpoint_every
-        metrics, last_return, solved = {}, float("nan"), False
+        metrics, solved = {}, False
         env_steps, updates, published = counters["env_steps"], counters["updates"], counters["updates"]
         t_start = time.perf_counter() - counters["wall_s"]
         t_log, steps_log, idle = time.perf_counter(), env_steps, 0.0
@@ -177,24 +188,24 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
                     next_log += log_interval
                 now = time.perf_counter()
                 scalars = check_finite()
-                episodes = snap["episodes"] - seen["episodes"]
-                if episodes:
-                    last_return = (snap["return_sum"] - seen["return_sum"]) / episodes
-                counters["episodes"] += episodes
+                stats.add([sampler.returns_since(seen["episodes"])])
+                solved = stats.reached(stop_return)
+                counters["episodes"] += snap["episodes"] - seen["episodes"]
                 counters["wall_s"] = now - t_start
                 span = max(now - t_log, 1e-9)
-                row = {"env_steps": env_steps, "updates": updates, "wall_s": round(counters["wall_s"], 3),
-                       "sps": round((env_steps - steps_log) / span, 1),
-                       "return_mean": last_return if episodes else float("nan"), "episodes": episodes,
-                       "policy_lag": updates - snap["version"],
-                       "opt_wait": round(min(idle / span, 1.0), 3),
-                       "sampler_wait": round(min((snap["wait_s"] - seen["wait_s"]) / span, 1.0), 3)}
-                row.update({k: v for k, v in scalars.items() if k != "priority"})
-                logger.log(row)
-                solved = stop_return is not None and row["return_mean"] >= stop_return
+                shared = {"env_steps": env_steps, "updates": updates, "wall_s": round(counters["wall_s"], 3),
+                          "sps": round((env_steps - steps_log) / span, 1), "policy_lag": updates - snap["version"],
+                          "opt_wait": round(min(idle / span, 1.0), 3),
+                          "sampler_wait": round(min((snap["wait_s"] - seen["wait_s"]) / span, 1.0), 3)}
+                evaluations = (evaluation(state, env_steps, final=solved or finished)
+                               if evaluation is not None else None)
+                for row in interval_rows(shared, stats.columns(), evaluations,
+                                         [{k: v for k, v in scalars.items() if k != "priority"}], [{}]):
+                    logger.log(row)
                 seen, t_log, steps_log, idle = snap, now, env_steps, 0.0
                 if bar is not None:
-                    bar.set_postfix(sps=f"{row['sps']:.0f}", ret=f"{last_return:.1f}", lag=row["policy_lag"])
+                    bar.set_postfix(sps=f"{shared['sps']:.0f}", ret=f"{stats.means()[0]:.1f}",
+                                    lag=shared["policy_lag"])
             if solved or finished or env_steps >= next_ckpt:
                 while next_ckpt <= env_steps:
                     next_ckpt += checkpoint_every
@@ -214,6 +225,9 @@ def train_async(name: str, module, config, *, seed: int, log_dir, device: str = 
             bar.close()
         if logger is not None:
             logger.close()
+        if evaluation is not None:
+            evaluation.close()
     if plot:
         logger.plot(title=f"{name} {config.env_id} seed {seed} (async)")
-    return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+    return TrainResult(state=state, return_mean=stats.means()[0], history=logger.rows, log_dir=run_dir,
+                       eval_returns=evaluation.returns if evaluation is not None else None)

@@ -19,13 +19,16 @@ import numpy as np
 import torch
 
 from fnrl import envs
+from fnrl.episodes import EpisodeStats, returns_by_row
+from fnrl.logger import interval_rows
 from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _check_finite,
-                        _prepare_log_dir, load_checkpoint, save_checkpoint)
+                        _prepare_log_dir, load_checkpoint, save_checkpoint, write_config_json)
 
 
 def train_central(name: str, module, config, *, seed: int, log_dir, device: str, compile: bool, quiet: bool,
                   resume, log_interval: int | None, checkpoint_every: int | None, tensorboard: bool, plot: bool,
-                  stop_return: float | None) -> TrainResult:
+                  stop_return: float | None, eval_episodes: int = 10, eval_interval: int | None = None,
+                  preset: str | None = None) -> TrainResult:
     """Train `module` (already validated, config resolved) with actor processes and central inference.
 
     Arguments as `fnrl.train.train`. Raises TrainingError (one line) if an actor dies,
@@ -42,16 +45,18 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
     inference_act = module.make(config, spec).act
     update = torch.compile(agent.update, fullgraph=True, dynamic=False) if compile else agent.update
     run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
-    (run_dir / "config.json").write_text(json.dumps(
-        {"algo": name, "seed": seed, "config": dataclasses.asdict(config)}, indent=2, default=str))
+    write_config_json(run_dir, name, seed, config, preset)
 
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
+    stats = EpisodeStats()
     if resume is not None:
         ckpt = load_checkpoint(resume)
         state, counters = ckpt["state"], ckpt["counters"]
         torch.set_rng_state(ckpt["torch_rng"])
         np.random.set_state(ckpt["numpy_rng"])
+        if ckpt.get("episodes") is not None:
+            stats.load_state_dict(ckpt["episodes"])
     state = state.to(device)
     version = counters["updates"]
 
@@ -63,7 +68,7 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
         save_checkpoint(run_dir / CHECKPOINT, {
             "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
             "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
+            "numpy_rng": np.random.get_state(), "episodes": stats.state_dict(), "preset": preset,
         })
 
     sampler = CentralSampler(config.env_id, config.num_envs, config.num_actors, inference_act, state,
@@ -72,15 +77,19 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
                              device=device)
     sampler.set_state(state, version)
     logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None)
-    bar = None
+    evaluation = bar = None
+    if eval_episodes:
+        from fnrl.evaluate import RunEvaluation
+
+        evaluation = RunEvaluation(name, [config], [seed], eval_episodes, interval=eval_interval,
+                                   start=counters["env_steps"], device=device)
     if not quiet:
         from tqdm import tqdm
 
         bar = tqdm(total=config.total_steps, initial=counters["env_steps"], unit="step", dynamic_ncols=True,
                    desc=f"{name} {config.env_id}")
-    ep_returns: list[float] = []
+    finished: list[float] = []   # returns of the episodes finished since the last log row
     lags: list[torch.Tensor] = []
-    last_return = float("nan")
     next_log = counters["env_steps"] + log_interval
     next_ckpt = counters["env_steps"] + checkpoint_every
     metrics = {}
@@ -100,9 +109,7 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
             state["env_steps"] += steps_per_update
             valid = batch["valid"]
             lags.append((version - batch["version"])[valid])
-            ended = batch["episode_end"]
-            if ended.any():
-                ep_returns.extend(batch["episode_return"][ended].tolist())
+            finished.extend(returns_by_row(batch)[0])
             state, metrics = update(state, batch.exclude("version", "episode_end", "episode_return",
                                                          "episode_length"))
             version += 1
@@ -115,26 +122,27 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
                 next_log += log_interval
                 now = time.perf_counter()
                 scalars = _check_finite(metrics, counters["env_steps"], run_dir / CHECKPOINT)
-                if ep_returns:
-                    last_return = float(np.mean(ep_returns))
-                counters["episodes"] += len(ep_returns)
+                stats.add([finished])
+                solved = stats.reached(stop_return)
+                counters["episodes"] += len(finished)
                 counters["wall_s"] = now - t_start
                 lag = torch.cat(lags).float()
                 forwards, requests = sampler.forwards, sampler.requests
-                row = {"env_steps": counters["env_steps"], "updates": counters["updates"],
-                       "wall_s": round(counters["wall_s"], 3),
-                       "sps": round((counters["env_steps"] - steps_log) / max(now - t_log, 1e-9), 1),
-                       "return_mean": last_return if ep_returns else float("nan"), "episodes": len(ep_returns),
-                       "policy_lag_mean": float(lag.mean()) if lag.numel() else float("nan"),
-                       "policy_lag_max": float(lag.max()) if lag.numel() else float("nan"),
-                       "inference_batch": (requests - requests0) / max(forwards - forwards0, 1)}
-                row.update(scalars)
-                logger.log(row)
-                solved = stop_return is not None and row["return_mean"] >= stop_return
-                ep_returns, lags = [], []
+                shared = {"env_steps": counters["env_steps"], "updates": counters["updates"],
+                          "wall_s": round(counters["wall_s"], 3),
+                          "sps": round((counters["env_steps"] - steps_log) / max(now - t_log, 1e-9), 1),
+                          "policy_lag_mean": float(lag.mean()) if lag.numel() else float("nan"),
+                          "policy_lag_max": float(lag.max()) if lag.numel() else float("nan"),
+                          "inference_batch": (requests - requests0) / max(forwards - forwards0, 1)}
+                final = solved or counters["env_steps"] >= config.total_steps
+                evaluations = evaluation(state, counters["env_steps"], final) if evaluation is not None else None
+                for row in interval_rows(shared, stats.columns(), evaluations, [scalars], [{}]):
+                    logger.log(row)
+                finished, lags = [], []
                 t_log, steps_log, forwards0, requests0 = now, counters["env_steps"], forwards, requests
                 if bar is not None:
-                    bar.set_postfix(sps=f"{row['sps']:.0f}", ret=f"{last_return:.1f}", lag=f"{row['policy_lag_mean']:.1f}")
+                    bar.set_postfix(sps=f"{shared['sps']:.0f}", ret=f"{stats.means()[0]:.1f}",
+                                    lag=f"{shared['policy_lag_mean']:.1f}")
             if solved or counters["env_steps"] >= next_ckpt or counters["env_steps"] >= config.total_steps:
                 next_ckpt += checkpoint_every
                 _check_finite(metrics, counters["env_steps"], run_dir / CHECKPOINT)
@@ -146,8 +154,11 @@ def train_central(name: str, module, config, *, seed: int, log_dir, device: str,
         if bar is not None:
             bar.close()
         logger.close()
+        if evaluation is not None:
+            evaluation.close()
     if plot:
         logger.plot(title=f"{name} {config.env_id} seed {seed}")
-    return TrainResult(state=state, return_mean=last_return, history=logger.rows, log_dir=run_dir)
+    return TrainResult(state=state, return_mean=stats.means()[0], history=logger.rows, log_dir=run_dir,
+                       eval_returns=evaluation.returns if evaluation is not None else None)
 
 

@@ -94,15 +94,17 @@ def test_corrupt_checkpoint_is_refused(tmp_path, capsys):
     assert "written by another fnrl version" in capsys.readouterr().err
 
 
-def test_stop_return_ends_the_run_at_the_first_interval_that_reaches_it(tmp_path):
-    """CountTerm episodes last 3 steps (return 1.0 + 1.1 + 1.2 = 3.3): the first log row with
-    finished episodes reaches a return of 1, so a --stop-return 1 run stops there, checkpointed."""
+def test_stop_return_ends_the_run_once_the_last_episodes_reach_it(tmp_path):
+    """CountTerm episodes last 3 steps (return 1.0 + 1.1 + 1.2 = 3.3): a --stop-return 1 run stops, checkpointed,
+    at the first log row after which 20 episodes have finished, long before its budget."""
     run = tmp_path / "run"
     assert main(["train", "ppo", "--env", "fnrltest/CountTerm-v0", "--log-dir", str(run), "--stop-return", "1",
                  "--num-envs", "2", "--num-steps", "8", "--total-steps", "1024", "--no-compile", "--quiet"]) == 0
     rows = list(csv.DictReader(open(run / "progress.csv")))
-    assert len(rows) == 1 and float(rows[0]["return_mean"]) == pytest.approx(3.3)
-    assert load_checkpoint(run)["counters"]["env_steps"] == int(rows[0]["env_steps"]) < 1024
+    finished = [int(r["episodes"]) for r in rows]
+    assert sum(finished[:-1]) < 20 <= sum(finished)
+    assert all(float(r["return_mean"]) == pytest.approx(3.3) for r in rows)
+    assert load_checkpoint(run)["counters"]["env_steps"] == int(rows[-1]["env_steps"]) < 1024
 
 
 def test_update_threads_default_rule_and_the_loop_switching_to_them(tmp_path, monkeypatch):

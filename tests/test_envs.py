@@ -279,7 +279,7 @@ def test_training_polls_only_with_a_single_threaded_act_and_update(monkeypatch, 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})   # a spare core on any machine
     config = ppo.Config(num_envs=8, num_steps=16, total_steps=2 * 8 * 16)
     training.train("ppo", config, compile=False, quiet=True, tensorboard=False, plot=False,
-                   log_dir=tmp_path / "run", update_threads=update_threads)
+                   log_dir=tmp_path / "run", update_threads=update_threads, eval_episodes=0)
     assert seen == {polled}
 
 

@@ -1,4 +1,4 @@
-"""Evaluation: online during training (train(eval_interval=...)) and offline (Evaluator)."""
+"""Evaluation: the final evaluation of every run, online evaluation (eval_interval) and offline (Evaluator)."""
 import csv
 import dataclasses
 import math
@@ -9,7 +9,7 @@ import pytest
 from fnrl import algos
 from fnrl.cli import main
 from fnrl.errors import ConfigError
-from fnrl.evaluate import Evaluator, OnlineEval
+from fnrl.evaluate import Evaluator, RunEvaluation
 from fnrl.train import train
 from fnrl.video import VideoWriter
 
@@ -53,10 +53,37 @@ def test_evaluator_is_reusable_and_counts_episodes():
     assert all(r >= 8 and r == int(r) for r in first + second)
 
 
-@pytest.mark.parametrize("interval, episodes, message", [(0, 10, "eval_interval"), (100, 0, "eval_episodes")])
+@pytest.mark.parametrize("interval, episodes, message", [(0, 10, "eval-interval"), (100, 0, "eval-episodes")])
 def test_bad_eval_options_are_config_errors(interval, episodes, message):
     with pytest.raises(ConfigError, match=message):
-        OnlineEval("ppo", algos.default_config("ppo"), interval, episodes)
+        RunEvaluation("ppo", [algos.default_config("ppo")], [0], episodes, interval=interval)
+
+
+def test_every_run_ends_with_a_final_evaluation_unless_turned_off(tmp_path):
+    """By default only the last row is evaluated (10 episodes without exploration); eval_episodes=0 leaves
+    the evaluation columns out."""
+    result = _tiny_train(tmp_path, "final")
+    evaluated = [r["env_steps"] for r in result.history if math.isfinite(r["eval_return_mean"])]
+    assert evaluated == [1024]
+    assert len(result.eval_returns) == 1 and len(result.eval_returns[0]) == 10
+    assert result.eval_return_mean == pytest.approx(result.history[-1]["eval_return_mean"])
+    off = _tiny_train(tmp_path, "off", eval_episodes=0)
+    assert "eval_return_mean" not in off.history[-1] and off.eval_returns is None and math.isnan(off.eval_return_mean)
+
+
+def test_vmapped_rows_are_each_evaluated_on_envs_of_their_own(tmp_path):
+    """Each seed of a vmapped run gets its own final evaluation, on eval envs seeded from its seed: an
+    evaluation of row 1's state alone, with seed 4's evaluation, gives the same returns."""
+    config = dataclasses.replace(algos.default_config("ppo"), **TINY)
+    result = train("ppo", config, seed=3, num_seeds=2, log_dir=tmp_path / "rows", quiet=True, compile=False,
+                   plot=False, tensorboard=False, log_interval=128, eval_episodes=4)
+    last = [r for r in result.history if r["env_steps"] == 1024]
+    assert [r["seed"] for r in last] == [3, 4] and all(math.isfinite(r["eval_return_mean"]) for r in last)
+    alone = RunEvaluation("ppo", [config], [4], 4)
+    try:
+        assert alone(result.state[1], 1024, final=True)[0]["eval_return_mean"] == last[1]["eval_return_mean"]
+    finally:
+        alone.close()
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +100,7 @@ def test_cli_eval_interval(tiny_run, tmp_path, capsys):
     rows = list(csv.DictReader(open(tiny_run / "progress.csv")))
     assert math.isfinite(float(rows[-1]["eval_return_mean"]))
     assert main(["train", "ppo", "--log-dir", str(tmp_path / "bad"), "--eval-interval", "-5"]) == 2
-    assert "eval_interval" in capsys.readouterr().err
+    assert "eval-interval" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("suffix", [".mp4", ".gif"])

@@ -24,7 +24,7 @@ def _rollouts(name, config, collects=2, seed=3, explore=False, **options):
     (EnvPool envs: the alternating sampler's groups are EnvPools)."""
     env = envs.make(config.env_id, config.num_envs, seed=seed, backend="envpool")
     agent = ppo.make(config, env.spec)
-    state = agent.init(0)
+    state = agent.init(1)   # a policy whose greedy episodes end within the collects
     sampler = samplers.make(name, env, agent.act, config.num_steps, agent=("ppo", config), **options)
     try:
         return [sampler.collect(state, explore=explore).clone() for _ in range(collects)], sampler

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from fnrl import envs, seeds
+from fnrl import envs, rng, seeds
 from fnrl.algos import a2c, ppo, r2d1
 from fnrl.cli import main
 from fnrl.errors import ConfigError
@@ -24,7 +24,7 @@ def assert_close_td(a, b, **kw):
 
 def single_run(module, config, seed, explore, collects=1):
     """What `train(..., seed=seed)` builds: the env, the agent, its initial state, rollouts."""
-    env = envs.make(config.env_id, config.num_envs, seed=seed)
+    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
     agent = module.make(config, env.spec)
     state = agent.init(seed)
     sampler = SerialSampler(env, agent.act, config.num_steps)
@@ -48,7 +48,7 @@ def test_make_rows_orders_values_then_seeds_and_validates():
     rows = seeds.make_rows(ppo, SMALL, seed=5, num_seeds=2, sweep={"lr": [1e-3, 3e-4]})
     assert [(r.seed, r.config.learning_rate) for r in rows] == [(5, 1e-3), (6, 1e-3), (5, 3e-4), (6, 3e-4)]
     assert rows[2].labels == {"seed": 5, "learning_rate": 3e-4}
-    assert seeds.env_seeds(rows[:2], 3) == [5, 6, 7, 6, 7, 8]
+    assert seeds.env_seeds(rows[:2], 3) == rng.env_seeds(5, 3) + rng.env_seeds(6, 3)
     assert seeds.parse_sweep("learning-rate=1e-4,3e-4") == {"learning_rate": [1e-4, 3e-4]}
     for bad, kwargs, match in [
         (ppo, dict(num_seeds=0), "positive"),

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from fnrl import envs, replay, seeds
+from fnrl import envs, replay, rng, seeds
 from fnrl.algos import default_config, dqn, impala, qpg
 from fnrl.cli import main
 from fnrl.distributions import tanh_normal_log_prob
@@ -61,7 +61,7 @@ def init_replay(config, rollout, num_rows=None, gammas=None):
 
 def single_run(module, config, seed, collects, explore=False):
     """What `train(..., seed=seed)` builds: agent, initial state, and its buffer after `collects` collects."""
-    env = envs.make(config.env_id, config.num_envs, seed=seed)
+    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
     agent = module.make(config, env.spec)
     state = agent.init(seed)
     sampler = SerialSampler(env, agent.act, config.num_steps)

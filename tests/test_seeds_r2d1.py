@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from fnrl import envs, seeds
+from fnrl import envs, rng, seeds
 from fnrl.algos import r2d1
 from fnrl.cli import main
 from fnrl.replay import multi, sequence
@@ -43,7 +43,7 @@ def assert_close_td(a, b, **kw):
 
 def single_run(config, seed, collects, explore=False):
     """What `train("r2d1", config, seed=seed)` builds: agent, state, its buffer after `collects` collects."""
-    env = envs.make(config.env_id, config.num_envs, seed=seed)
+    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
     agent = r2d1.make(config, env.spec)
     state = agent.init(seed)
     sampler = SerialSampler(env, agent.act, config.num_steps)

@@ -2,6 +2,7 @@
 gradient step, and option validation. No algorithm-specific math lives here."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, NamedTuple
 
@@ -9,6 +10,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from fnrl import distributions as D
+from fnrl import rng
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.optim import apply_updates
@@ -297,12 +299,21 @@ def shares_torso(obs_shape) -> bool:
     return not isinstance(obs_shape, dict) and len(obs_shape) == 3
 
 
+@contextlib.contextmanager
+def initializing(seed: int):
+    """A block whose torch draws come from the network-initialization stream of the run seeded
+    `seed` (`fnrl.rng.INIT`); the global RNG is as it was afterwards."""
+    with torch.random.fork_rng():
+        torch.manual_seed(rng.derive(seed, rng.INIT))
+        yield
+
+
 def init_params(build: Callable, seed: int) -> TensorDict:
-    """Parameters of `build()` initialized from `seed`, leaving the global RNG untouched."""
+    """Parameters of `build()` initialized from the run seed `seed` (`initializing`), leaving the
+    global RNG untouched."""
     from fnrl.nets import parameters
 
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
+    with initializing(seed):
         return parameters(build())
 
 

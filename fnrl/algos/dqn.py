@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict
 
 from fnrl import losses, optim
-from fnrl.algos.common import Agent, check_positive, gradient_step, require_discrete
+from fnrl.algos.common import Agent, check_positive, gradient_step, initializing, require_discrete
 from fnrl.distributions import epsilon_greedy
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
@@ -352,8 +352,7 @@ def make(config: Config, spec: EnvSpec) -> Agent:
     opt = _optimizer(config)
 
     def init(seed: int) -> TensorDict:
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
+        with initializing(seed):
             params = parameters(functions(config, spec).net)
         return TensorDict({
             "params": params,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from fnrl import aot, losses, optim
+from fnrl import aot, losses, optim, rng
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
                                masked_mean, scan_steps, shares_torso)
 from fnrl.envs.spec import EnvSpec
@@ -150,8 +150,9 @@ def _forward_return(reward, done, gamma, carry):
 
 def _permutations(seed: int, env_steps: int, epochs: int, size: int) -> torch.Tensor:
     """`epochs` random permutations of range(size) [epochs, size], a pure function of
-    (seed, env_steps): a run's minibatches depend on its own seed only, never on the
-    global RNG, so seed k of a vmapped run (fnrl.seeds) draws what a single run would."""
+    (seed, env_steps), `seed` the run's minibatch stream (`fnrl.rng.MINIBATCH`, held in the
+    state as "seed"): a run's minibatches depend on its own seed only, never on the global
+    RNG, so seed k of a vmapped run (fnrl.seeds) draws what a single run would."""
     g = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + env_steps) % 2**64)
     # randperm shuffles in O(size); argsort of uniforms sorted in O(size log size), ~10x slower at 8192
     return torch.stack([torch.randperm(size, generator=g) for _ in range(epochs)])
@@ -216,7 +217,8 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         params = init_params(build, seed)
         hp = {k: torch.tensor(float(getattr(config, k))) for k in SWEEPABLE if k != "learning_rate"}
         state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64),
-                 "seed": torch.tensor(seed, dtype=torch.int64), "hp": TensorDict(hp, batch_size=[])}
+                 "seed": torch.tensor(rng.derive(seed, rng.MINIBATCH), dtype=torch.int64),
+                 "hp": TensorDict(hp, batch_size=[])}
         if config.normalize_obs:
             state["obs_rms"] = rms_init(spec.obs_shape)
         if config.normalize_reward:

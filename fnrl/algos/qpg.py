@@ -42,7 +42,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from fnrl import losses, optim
-from fnrl.algos.common import Agent, check_positive, gradient_step, require_continuous, switch
+from fnrl.algos.common import Agent, check_positive, gradient_step, initializing, require_continuous, switch
 from fnrl.distributions import tanh_normal_mode, tanh_normal_sample
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
@@ -238,8 +238,7 @@ def networks(config: Config, spec: EnvSpec) -> Networks:
     actor, critic = build_actor(), build_critic()
 
     def init(seed: int) -> TensorDict:
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
+        with initializing(seed):
             actor_params = parameters(build_actor())
             critic_params = torch.stack([parameters(build_critic()) for _ in range(config.num_critics)])
         return TensorDict({"actor": actor_params, "critic": critic_params}, batch_size=[])

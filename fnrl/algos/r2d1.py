@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from fnrl import optim
-from fnrl.algos.common import Agent, check_positive, gradient_step, masked_mean, require_discrete
+from fnrl.algos.common import Agent, check_positive, gradient_step, initializing, masked_mean, require_discrete
 from fnrl.algos.dqn import epsilon, target_update
 from fnrl.distributions import epsilon_greedy
 from fnrl.envs.spec import EnvSpec
@@ -337,8 +337,7 @@ def make(config: Config, spec: EnvSpec) -> Agent:
         opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), opt)
 
     def init(seed: int) -> TensorDict:
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
+        with initializing(seed):
             params = parameters(functions(config, spec).net)
         return TensorDict({
             "params": params,

@@ -96,6 +96,10 @@ class World:
         """Element-wise sum of a list of floats over the ranks."""
         return list(values)
 
+    def gather(self, values: list[float]) -> list[float]:
+        """Every rank's list of floats (of any length), joined in rank order, on every rank."""
+        return list(values)
+
     def mean(self, scalars: dict) -> dict:
         """The mean over ranks of a dict of floats with the same keys on every rank (a NaN on
         any rank makes that entry NaN on all)."""
@@ -177,6 +181,16 @@ class ProcessGroupWorld(World):
         x = torch.tensor(values, dtype=torch.float64, device=self._tensor_device)
         dist.all_reduce(x)
         return x.tolist()
+
+    def gather(self, values: list[float]) -> list[float]:
+        # tensors only: the lengths first, then a [size, longest] table with each rank's own row filled
+        lengths = [0.0] * self.size
+        lengths[self.rank] = float(len(values))
+        lengths = [int(n) for n in self.sum(lengths)]
+        table = torch.zeros(self.size, max(lengths), dtype=torch.float64, device=self._tensor_device)
+        table[self.rank, :len(values)] = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(table)
+        return [v for r, n in enumerate(lengths) for v in table[r, :n].tolist()]
 
     def close(self) -> None:
         common.set_gradient_reducer(None)

@@ -140,7 +140,7 @@ def _unknown(env_id: str) -> ConfigError:
     )
 
 
-def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, backend: str = "auto",
+def make(env_id: str, num_envs: int = 1, seed: int | list[int] = 0, *, train: bool = True, backend: str = "auto",
          **kwargs) -> BatchedEnv:
     """Create `num_envs` copies of `env_id` stepped together.
 
@@ -153,16 +153,30 @@ def make(env_id: str, num_envs: int = 1, seed: int = 0, *, train: bool = True, b
     kwargs: passed to `envpool.make`, or to `gymnasium.make` for each env (`InProcessEnvs`).
         EnvPool's `num_threads` defaults to `envpool_threads(env_id)`: 1 for classic-control tasks.
 
-    The env remembers how it was made: `env.factory(n, s)` builds n more such envs seeded
-    s (env i of a batch seeded s gets seed s + i, so envs [lo, hi) of `make(id, B, seed)`
-    are `env.factory(hi - lo, seed + lo)`), and `env.seed` is `seed`.
+    seed: one seed per env (a list of `num_envs` ints in [0, 2**31)), or an int s, which seeds
+        env i with s + i. Training runs pass each env its own seed (`fnrl.rng.env_seeds`).
+
+    The env remembers how it was made: `env.seeds` holds each env's seed and
+    `env.factory(n, seeds)` builds n more such envs, so envs [lo, hi) of a pool are
+    `env.factory(hi - lo, env.seeds[lo:hi])`.
     """
-    env = _make(env_id, num_envs, seed, train=train, backend=backend, **kwargs)
-    env.factory, env.seed = functools.partial(make, env_id, train=train, backend=backend, **kwargs), seed
+    seeds = env_seed_list(seed, num_envs)
+    env = _make(env_id, num_envs, seeds, train=train, backend=backend, **kwargs)
+    env.factory, env.seeds = functools.partial(make, env_id, train=train, backend=backend, **kwargs), seeds
     return env
 
 
-def _make(env_id: str, num_envs: int, seed: int, *, train: bool, backend: str, **kwargs) -> BatchedEnv:
+def env_seed_list(seed: int | list[int], num_envs: int) -> list[int]:
+    """Each env's seed: `seed` itself for a list of `num_envs` seeds, s + i for an int s."""
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != num_envs:
+        raise ConfigError(f"{len(seeds)} env seeds given for {num_envs} envs; give one seed per env")
+    return seeds
+
+
+def _make(env_id: str, num_envs: int, seed: list[int], *, train: bool, backend: str, **kwargs) -> BatchedEnv:
     if backend not in ("auto", "envpool", "gymnasium"):
         raise ConfigError(f"unknown env backend {backend!r}: use auto, envpool or gymnasium")
     if num_envs < 1:
@@ -193,7 +207,7 @@ def _make(env_id: str, num_envs: int, seed: int, *, train: bool, backend: str, *
     raise _unknown(env_id)
 
 
-def _make_subset(env_id: str, num_envs: int, seed: int, **kwargs) -> BatchedEnv:
+def _make_subset(env_id: str, num_envs: int, seed: list[int], **kwargs) -> BatchedEnv:
     """A registered fnrl env: its base env with only some observation entries kept."""
     base_id, index = FNRL_ENVS[env_id]
     env = make(base_id, num_envs, seed, **kwargs)

@@ -163,12 +163,12 @@ class BatchedEnv:
     statistics to the raw game score over whole games (EnvPool's `info["reward"]`,
     `info["terminated"]`).
 
-    `factory(num_envs, seed)` builds more envs like these and `seed` is this batch's seed
+    `factory(num_envs, seeds)` builds more envs like these and `seeds` holds each env's seed
     (set by `fnrl.envs.make`; None for an env built by hand).
     """
 
     factory = None
-    seed = None
+    seeds = None
 
     def __init__(self, raw_env, spec: EnvSpec, atari: bool = False, seed: int | None = None,
                  obs_index: tuple[int, ...] | None = None):

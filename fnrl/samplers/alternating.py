@@ -46,7 +46,7 @@ class AlternatingSampler:
         self.device = torch.device(device)
         half = B // 2
         env.close()
-        self.envs = [env.factory(half, env.seed + g * half, backend="envpool") for g in range(2)]   # send / recv
+        self.envs = [env.factory(half, env.seeds[g * half:(g + 1) * half], backend="envpool") for g in range(2)]   # send / recv
         self.buffer: RolloutBuffer | None = None
         self.lanes = [Lane(e, act, slice(g * half, (g + 1) * half), self.device, allocate=self._allocate)
                       for g, e in enumerate(self.envs)]

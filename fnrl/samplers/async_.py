@@ -52,6 +52,7 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
+from fnrl import rng
 from fnrl.samplers.serial import SerialSampler
 
 __all__ = ["AsyncSampler", "SamplerError", "SharedParams", "Throttle", "TimedLock", "start_method"]
@@ -173,8 +174,10 @@ class SharedParams:
 
 # shared int64 counters written by the sampler (S_*) or by the optimizer (O_*)
 S_ENV_STEPS, S_EPISODES, S_VERSION, S_HEARTBEAT, S_DONE, O_UPDATES, O_CAN_SAMPLE, O_STOP = range(8)
-# shared float64 counters written by the sampler
-F_RETURN_SUM, F_WAIT_S = range(2)
+# shared float64 values written by the sampler: seconds waited, then a ring of the latest episode returns
+F_WAIT_S, F_RETURNS = range(2)
+RETURN_RING = 4096
+"""Episode returns the sampler keeps for the optimizer to read (`AsyncSampler.returns_since`)."""
 _ERROR_BYTES = 1024
 _SPIN_S = 0.002   # polling step of the waits (no multiprocessing Event: a killed holder would block it)
 
@@ -210,7 +213,7 @@ class AsyncSampler:
 
     Shared state: int64 counters (env steps written, episodes, the params version the
     child acts with, heartbeat, done; the optimizer's update count and stop flag), float64
-    counters (sum of episode returns, seconds the child waited on the throttle) and a
+    values (seconds the child waited on the throttle, the latest episode returns) and a
     one-line error message. Waits poll these counters; no process ever blocks on an
     object another process could die holding, except the TimedLocks.
     """
@@ -221,7 +224,7 @@ class AsyncSampler:
         self.ctx = mp.get_context(method or start_method(device))
         self.replay, self.params, self.throttle = replay, params, throttle
         self.ints = torch.zeros(8, dtype=torch.int64).share_memory_()
-        self.floats = torch.zeros(2, dtype=torch.float64).share_memory_()
+        self.floats = torch.zeros(F_RETURNS + RETURN_RING, dtype=torch.float64).share_memory_()
         self.error = torch.zeros(_ERROR_BYTES, dtype=torch.uint8).share_memory_()
         self.ints[S_ENV_STEPS] = start_env_steps
         self.stats_lock = TimedLock(self.ctx.Lock())
@@ -250,9 +253,18 @@ class AsyncSampler:
     def read(self) -> dict:
         """A consistent snapshot of the sampler's counters."""
         with self.stats_lock:
-            ints, floats = self.ints.tolist(), self.floats.tolist()
+            ints, wait_s = self.ints.tolist(), float(self.floats[F_WAIT_S])
         return {"env_steps": ints[S_ENV_STEPS], "episodes": ints[S_EPISODES], "version": ints[S_VERSION],
-                "done": bool(ints[S_DONE]), "return_sum": floats[F_RETURN_SUM], "wait_s": floats[F_WAIT_S]}
+                "done": bool(ints[S_DONE]), "wait_s": wait_s}
+
+    def returns_since(self, episodes: int) -> list[float]:
+        """The returns of the episodes finished after the first `episodes` (a count from `read`),
+        oldest first; at most the latest `RETURN_RING` of them."""
+        with self.stats_lock:
+            total = int(self.ints[S_EPISODES])
+            ring = self.floats[F_RETURNS:].clone()
+        first = max(episodes, total - RETURN_RING)
+        return [float(ring[i % RETURN_RING]) for i in range(first, total)]
 
     def check(self) -> None:
         """Raise SamplerError if the child failed, died, or stopped beating; otherwise return."""
@@ -325,7 +337,7 @@ def _sampler_main(job, replay, params, throttle, ints, floats, error, stats_lock
     try:
         if job["threads"] is not None:
             torch.set_num_threads(job["threads"])
-        torch.manual_seed(job["seed"] + 7919)
+        rng.seed_everything(job["seed"], stream=rng.WORKER)
         env, act, state = job["build"](*job["build_args"])
         device = torch.device(job["device"])
         state = state.to(device)
@@ -349,12 +361,13 @@ def _sampler_main(job, replay, params, throttle, ints, floats, error, stats_lock
                 replay.add(rollout)
                 env_steps += step
                 state["env_steps"].fill_(env_steps)
-                returns = rollout["episode_return"][rollout["episode_end"]]
+                returns = rollout["episode_return"][rollout["episode_end"]].tolist()
                 with stats_lock:
                     ints[S_ENV_STEPS] = env_steps
-                    ints[S_EPISODES] += returns.numel()
+                    for g in returns:
+                        floats[F_RETURNS + int(ints[S_EPISODES]) % RETURN_RING] = g
+                        ints[S_EPISODES] += 1
                     ints[S_VERSION] = version
-                    floats[F_RETURN_SUM] += float(returns.double().sum())
                     floats[F_WAIT_S] += waited
                 ints[S_HEARTBEAT] += 1
         ints[S_DONE] = 1

@@ -50,6 +50,8 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
+from fnrl import rng
+
 _STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
               "episode_length")
 _STEP_DTYPES = {"reward": torch.float32, "terminated": torch.bool, "truncated": torch.bool, "done": torch.bool,
@@ -75,8 +77,9 @@ def _shared(shape, dtype) -> torch.Tensor:
 class CentralSampler:
     """Actor processes stepping EnvPool, batched central inference, a bounded trajectory queue.
 
-    env_id, num_envs: each of the `num_actors` actors steps its own `num_envs` envs, seeded
-        `seed + i * num_envs` (actor i), so every env has its own seed.
+    env_id, num_envs: each of the `num_actors` actors steps its own `num_envs` envs; env j
+        of actor i is seeded `fnrl.rng.env_seeds(seed, num_actors * num_envs)[i * num_envs + j]`,
+        so every env has its own seed.
     act(state, obs [N, *obs], carry, explore) -> (action [N, ...], extras, carry): the
         policy (fnrl's agent protocol); called only in the inference thread, under no_grad.
         It must not share network modules with code running in another thread (the
@@ -104,6 +107,7 @@ class CentralSampler:
                  stall_timeout_s: float = 120.0, start_timeout_s: float = 300.0, start_method: str | None = None):
         self.env_id, self.num_envs, self.num_actors, self.horizon = env_id, num_envs, num_actors, horizon
         self.act, self.explore, self.seed = act, explore, seed
+        self._seeds = rng.env_seeds(seed, num_actors * num_envs)
         self.device = torch.device(device)
         self.batch_wait_s, self.stall_timeout_s, self.start_timeout_s = batch_wait_s, stall_timeout_s, start_timeout_s
         self.num_slots = max(num_slots or 2 * num_actors, num_actors)
@@ -152,7 +156,7 @@ class CentralSampler:
             for i in range(self.num_actors):
                 here, there = ctx.Pipe(duplex=True)
                 p = ctx.Process(target=_actor_main, name=f"fnrl-actor-{i}", daemon=True, args=(
-                    i, self.env_id, self.num_envs, self.seed + i * self.num_envs, self.horizon, self._request,
+                    i, self.env_id, self.num_envs, self._seeds[i * self.num_envs:(i + 1) * self.num_envs], self.horizon, self._request,
                     self._reply, self._slots, there, self._free, self._full, self._stop, os.getpid()))
                 p.start()
                 there.close()
@@ -321,12 +325,12 @@ def _flat_reply(action, extras, N: int) -> dict:
 # ---------------------------------------------------------------------- actor process
 
 
-def _actor_main(index, env_id, num_envs, seed, horizon, request, reply, slots, conn, free, full, stop,
+def _actor_main(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
                 parent_pid) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops the actors on Ctrl-C
     torch.set_num_threads(1)
     try:
-        _actor_loop(index, env_id, num_envs, seed, horizon, request, reply, slots, conn, free, full, stop,
+        _actor_loop(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
                     parent_pid)
     except _Stopped:
         pass
@@ -349,11 +353,11 @@ def _alive(stop, parent_pid) -> None:
         raise _Stopped
 
 
-def _actor_loop(index, env_id, num_envs, seed, horizon, request, reply, slots, conn, free, full, stop,
+def _actor_loop(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
                 parent_pid) -> None:
     from fnrl import envs
 
-    env = envs.make(env_id, num_envs, seed=seed)
+    env = envs.make(env_id, num_envs, seed=seeds)
     env.poll = False   # the actors share the cores with the learner: EnvPool's recv sleeps at once
     try:
         obs = env.reset()["obs"]

@@ -98,7 +98,7 @@ class ParallelSampler:
             for w in range(W):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_worker, name=f"fnrl-sampler-{w}", daemon=True,
-                                   args=(child, env.factory, n, env.seed + w * n, slice(w * n, (w + 1) * n),
+                                   args=(child, env.factory, n, env.seeds[w * n:(w + 1) * n], slice(w * n, (w + 1) * n),
                                          policy, env.spec, horizon, base_seed + w, os.getpid()))
                 proc.start()
                 child.close()
@@ -228,13 +228,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _worker(conn, factory, num_envs, seed, columns, policy, spec, horizon, torch_seed, learner_pid) -> None:
+def _worker(conn, factory, num_envs, seeds, columns, policy, spec, horizon, torch_seed, learner_pid) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C: the learner shuts the workers down
     torch.set_num_threads(1)
     torch.manual_seed(torch_seed)
     env = None
     try:
-        env = factory(num_envs, seed)
+        env = factory(num_envs, seeds)
         env.poll = False   # the workers and the learner share the cores: EnvPool's recv sleeps at once
         kind, value = policy
         if kind == "agent":
