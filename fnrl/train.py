@@ -500,6 +500,10 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if resume is not None and ckpt.get("episodes") is not None:
         stats.load_state_dict(ckpt["episodes"])
     evaluation = None
+    if eval_episodes and eval_interval is None and not envs.known(config.env_id):
+        warnings.warn(f"{config.env_id} has no EnvPool or gymnasium env to evaluate on; the run ends without its "
+                      "final evaluation", stacklevel=3)
+        eval_episodes = 0
     if eval_episodes and world.main:
         from fnrl.evaluate import RunEvaluation
 

@@ -17,7 +17,6 @@ the parameters the sampler last acted with were published), `opt_wait` and
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import numpy as np

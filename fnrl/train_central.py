@@ -12,7 +12,6 @@ actor requests per inference forward).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import numpy as np

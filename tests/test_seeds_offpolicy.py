@@ -261,19 +261,3 @@ def test_bad_combinations_are_one_line_errors(tmp_path, capsys):
         assert words in err and len(err.splitlines()) == 1, err
     with pytest.raises(ConfigError, match="not supported"):
         seeds.make_rows(impala, impala.Config(), 0, 2)
-
-
-@pytest.mark.slow
-def test_rainbow_cartpole_two_seeds_both_learn(tmp_path):
-    """Both seeds of one vmapped run reach the single-seed test's threshold (tests/test_learning_dqn.py:
-    rainbow 400). Rainbow rather than plain dqn: dqn needs ~70-100k steps per seed (~15 min for two
-    seeds on two loaded cores); rainbow about 10-20k (both seeds by 22k at seeds 0, 1 on EnvPool envs, before their
-    4 envs per seed stepped in-process; within the 40k since)."""
-    config = dataclasses.replace(default_config("rainbow"), total_steps=40_000)
-    result = train("rainbow", config, seed=0, num_seeds=2, log_dir=tmp_path / "run", compile=True, quiet=True,
-                   log_interval=2_000, tensorboard=False, plot=False, stop_return=400.0)
-    best = {}
-    for row in result.history:
-        if math.isfinite(row["return_mean"]):
-            best[row["seed"]] = max(best.get(row["seed"], -1.0), row["return_mean"])
-    assert set(best) == {0, 1} and min(best.values()) >= 400.0, best

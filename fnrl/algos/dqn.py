@@ -86,6 +86,8 @@ class Config:
     """adam or rmsprop"""
     learning_rate: float = 1e-3
     """optimizer step size"""
+    anneal_lr: bool = False
+    """decay the step size linearly to 0 over the run's updates ((total_steps - learning_starts) x replay_ratio)"""
     optimizer_eps: float = 1e-8
     """Adam / RMSprop epsilon (rlpyt: 0.01 / batch_size)"""
     rmsprop_alpha: float = 0.95
@@ -321,13 +323,20 @@ def functions(config: Config, spec: EnvSpec) -> Functions:
     return Functions(net, outputs, q_values, loss)
 
 
+def planned_updates(config: Config) -> int:
+    """The gradient updates a run makes: (total_steps - learning_starts) x replay_ratio (at least 1)."""
+    return max(1, int((config.total_steps - config.learning_starts) * config.replay_ratio))
+
+
 def _optimizer(config: Config):
-    """Adam or RMSprop (as torch.optim's) with the learning rate stored in the state, after a global-norm clip."""
+    """Adam or RMSprop (as torch.optim's) with the learning rate stored in the state (decayed linearly to 0
+    over `planned_updates` with `anneal_lr`), after a global-norm clip."""
     if config.optimizer == "adam":
         direction = optim.scale_by_adam(eps=config.optimizer_eps)
     else:
         direction = optim.scale_by_rms(alpha=config.rmsprop_alpha, eps=config.optimizer_eps)
-    base = optim.chain(direction, optim.scale_by_stored_learning_rate(config.learning_rate))
+    decay = optim.linear_schedule(1.0, 0.0, planned_updates(config)) if config.anneal_lr else None
+    base = optim.chain(direction, optim.scale_by_stored_learning_rate(config.learning_rate, decay))
     if config.max_grad_norm > 0:
         return optim.chain(optim.clip_by_global_norm(config.max_grad_norm), base)
     return base

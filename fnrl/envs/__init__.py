@@ -23,7 +23,8 @@ from fnrl.envs.inprocess import InProcessEnvs
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 
-__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS", "steps_in_process", "envpool_task", "POLL_VAR"]
+__all__ = ["make", "BatchedEnv", "EnvSpec", "env_spec", "FNRL_ENVS", "steps_in_process", "envpool_task", "known",
+           "POLL_VAR"]
 
 FNRL_ENVS: dict[str, tuple[str, tuple[int, ...]]] = {
     # partially observed CartPole: [cart position, pole angle]; the velocities are dropped
@@ -107,6 +108,12 @@ def steps_in_process(env_id: str, num_envs: int, envpool_kwargs: dict) -> bool:
 def _base_id(env_id: str) -> str:
     """The env an fnrl variant (`FNRL_ENVS`) is built on; any other id itself."""
     return FNRL_ENVS[env_id][0] if env_id in FNRL_ENVS else env_id
+
+
+def known(env_id: str) -> bool:
+    """Whether `make` can build `env_id`: an EnvPool task, a registered gymnasium env or an fnrl
+    variant of one (an env that only `fnrl.envs.functional` has is not)."""
+    return envpool_task(env_id) or _base_id(env_id) in gym.registry
 
 
 def envpool_task(env_id: str) -> bool:
