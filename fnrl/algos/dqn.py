@@ -51,10 +51,10 @@ HEADS = ("q", "categorical", "quantile", "iqn")
 
 @dataclass
 class Config:
-    """DQN-family settings. Defaults: DQN that learns CartPole-v1 (a mean return of 450 by
-    about 60-70k env steps) with a soft target network (tau 0.01 after every
-    update), which was steadier there than a periodic copy; `VARIANTS` holds CartPole
-    settings of the other heads and `experiments/dqn_atari.py` rlpyt's Atari settings."""
+    """DQN-family settings: one-step DQN with a soft target network (tau 0.01 after every update) on
+    a 256-256 MLP. `VARIANTS` sets the other heads; the presets (`fnrl/presets`) hold the settings
+    that learn each env on every seed (CartPole: 3-step double-DQN targets and a hard target copy),
+    and `experiments/dqn_atari.py` rlpyt's Atari settings."""
 
     env_id: str = "CartPole-v1"
     """environment id (EnvPool task or registered gymnasium env)"""
@@ -148,11 +148,9 @@ VARIANTS: dict[str, dict] = {
     "qrdqn": dict(head="quantile", num_quantiles=50),
     "iqn": dict(head="iqn", num_tau_samples=16, num_tau_prime_samples=16, num_quantile_samples=8, hidden=(128, 128)),
 }
-"""Command-line name -> Config overrides, tuned for CartPole-v1 (Atari: experiments/dqn_atari.py).
-At seed 0 (`tests/test_learning_dqn.py`) the first 2,000-step interval with a mean return of
-400 (dqn: 450) came at 60k env steps for dqn, 42k c51, 10k rainbow, 72k qrdqn, 66k iqn (its 4
-CartPole envs in-process, session 13; on EnvPool before: 68k, 24k, 12k, 58k, 52k).
-IQN uses 16 fractions per side (the paper's 64 cost 8x the compute and were not needed here)."""
+"""Command-line name -> the head and its settings (`fnrl.algos.default_config`). Per-env tuning lives in
+the presets (`fnrl/presets/VARIANT.toml`; Atari: experiments/dqn_atari.py). IQN uses 16 fractions per
+side and a 128-128 torso: the paper's 64 fractions cost 8x the compute on CartPole."""
 
 _NAMES = {"q": "dqn", "categorical": "c51", "quantile": "qrdqn", "iqn": "iqn"}
 
