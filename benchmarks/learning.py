@@ -187,6 +187,7 @@ def run_cell(cell: Cell, seed: int, work: Path, singles: bool, timeout: float) -
     return {**asdict(cell), "goal": cell.goal, "seeds": seeds, "evals": evals, "iqm": value, "ci": [low, high],
             "worst": min(evals), "reached": sum(e >= cell.threshold for e in evals),
             "meets_goal": value >= cell.goal, "wall_s": wall, "singles_wall_s": singles_wall,
+            "date": str(date.today()), "machine": machine(),
             "curves": {str(s): runs[s]["curve"] for s in seeds}}
 
 

