@@ -354,6 +354,7 @@ def test_dqn_async_learns_cartpole(tmp_path):
     evaluation without exploration (10 episodes on separate envs) is 400 or more, and the policy
     lag is logged."""
     config, preset = configure("dqn", "CartPole-v1")
+    assert preset == "dqn/CartPole-v1"
     t0 = time.perf_counter()
     result = train("dqn", config, seed=0, log_dir=tmp_path / "run", compile=True, quiet=True, log_interval=2_000,
                    tensorboard=False, plot=False, sampler="async")

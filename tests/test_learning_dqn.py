@@ -5,7 +5,7 @@ preset) in one vmapped run of the preset's budget, judged on each seed's final e
 exploration (10 episodes on separate envs): at most one seed below the bar, none below the floor.
 The bars sit under what every tuning seed of the preset reached (`fnrl/presets`' notes), so a
 working variant passes on other hardware too; the 50k-step variants run 4 seeds, the 100k-step ones
-2 and carry the `matrix` marker (`python -m pytest -m matrix`; 15 CPU-minutes between them,
+2 and carry the `matrix` marker (`python -m pytest -m matrix`; about 18 CPU-minutes between them,
 so the default run leaves them out; their 8-seed cells are in `fnrl bench --learning`). Atari: the
 Nature-CNN path of dqn and rainbow (frame-deduplicated, n-step, prioritized replay) runs a few
 hundred Pong steps with finite losses.
