@@ -15,7 +15,7 @@ Nature-CNN update on the GPU vs the CPU.
    per second of both (DQN CartPole with CleanRL's settings, SAC HalfCheetah-v4 with batch 256).
 
 The sections run in the order 4, 2, 3, 1, and the report is written after each, so a run cut
-off by a device lease keeps what finished. Its one run so far (session 21, an H200) crashed in
+off by a device lease keeps what finished. Its first run (an H200) crashed in
 every section on faults fixed since (`benchmarks/gpu_graphs.md`, notes); PPO's GPU numbers are
 in `gpu_graphs.py`.
 """

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_graphs.py --out benchmarks/gpu_graphs.md     # needs a CUDA device
 
-Issue 9's settings: CartPole-v1's 64x64 MLP, 64 envs x 128 steps, 4 epochs x 4 minibatches
+The settings: CartPole-v1's 64x64 MLP, 64 envs x 128 steps, 4 epochs x 4 minibatches
 (a rollout of random CartPole-shaped data: the arithmetic does not depend on the values).
 Small networks on a GPU are launch-bound (each kernel costs a few µs to launch from the
 host, more than its arithmetic); a CUDA graph replays all of a call's kernels with one

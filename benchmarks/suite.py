@@ -20,8 +20,8 @@ thread count, so none inherits another's compiled code, threads or caches.
 
 Peers that are not installed (stable-baselines3, ale-py for Atari, mujoco for MuJoCo) are
 reported as missing in their cell; the fnrl and EnvPool columns are measured regardless.
-The numbers that CleanRL and purejaxrl reach on this kind of machine are quoted from
-`PEERS.md` in the notes, not re-run.
+The numbers that CleanRL and purejaxrl reached earlier on this kind of machine are quoted
+in the notes, not re-run.
 """
 from __future__ import annotations
 
@@ -65,19 +65,19 @@ CARTPOLE_PPO = dict(env_id="CartPole-v1", num_envs=4, num_steps=128, learning_ra
                     gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, clip_coef=0.2,
                     anneal_clip=False, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
                     hidden=(64, 64), activation="tanh")
-"""CleanRL ppo.py's CartPole settings (PEERS.md: SB3 4.2k, CleanRL 3.9k, purejaxrl 121k SPS)."""
+"""CleanRL ppo.py's CartPole settings (peers on this kind of machine: SB3 4.2k, CleanRL 3.9k, purejaxrl 121k SPS)."""
 
 PONG_PPO = dict(env_id="Pong-v5", num_envs=8, num_steps=128, learning_rate=2.5e-4, anneal_lr=True, gamma=0.99,
                 gae_lambda=0.95, num_minibatches=4, update_epochs=4, clip_coef=0.1, anneal_clip=False,
                 clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, conv="nature")
-"""CleanRL ppo_atari_envpool.py's settings (PEERS.md: SB3 ~276, CleanRL ~306 SPS)."""
+"""CleanRL ppo_atari_envpool.py's settings (peers on this kind of machine: SB3 ~276, CleanRL ~306 SPS)."""
 
 CARTPOLE_DQN = dict(env_id="CartPole-v1", num_envs=1, num_steps=10, buffer_size=10_000, batch_size=128,
                     learning_starts=10_000, replay_ratio=0.1, n_step=1, gamma=0.99, optimizer="adam",
                     learning_rate=2.5e-4, optimizer_eps=1e-8, max_grad_norm=0.0, huber_delta=0.0,
                     target_update_interval=50, tau=1.0, eps_init=1.0, eps_final=0.05, eps_steps=50_000,
                     hidden=(120, 84), activation="relu")
-"""CleanRL dqn.py's settings: one env, an update every 10 steps (PEERS.md: SB3 2.6k, CleanRL 3.6k SPS)."""
+"""CleanRL dqn.py's settings: one env, an update every 10 steps (peers on this kind of machine: SB3 2.6k, CleanRL 3.6k SPS)."""
 
 PONG_DQN = dict(env_id="Pong-v5", num_envs=1, num_steps=4, buffer_size=100_000, batch_size=32, learning_starts=5_000,
                 replay_ratio=0.25, n_step=1, gamma=0.99, optimizer="adam", learning_rate=1e-4, optimizer_eps=1e-8,
@@ -91,7 +91,7 @@ Q-network on exploring steps)."""
 HALFCHEETAH_SAC = dict(env_id="HalfCheetah-v4", num_envs=1, num_steps=1, buffer_size=1_000_000, batch_size=256,
                        learning_starts=2_000, replay_ratio=1.0, gamma=0.99, tau=0.005, hidden=(256, 256),
                        actor_lr=3e-4, critic_lr=1e-3, alpha_lr=1e-3, autotune=True)
-"""CleanRL's SAC settings with a 2k-step warm-up: batch 256, one update per env step (PEERS.md: SB3 ~79 SPS)."""
+"""CleanRL's SAC settings with a 2k-step warm-up: batch 256, one update per env step (peers on this kind of machine: SB3 ~79 SPS)."""
 
 WORKLOADS = [
     Workload("ppo-cartpole-4", "ppo", dict(CARTPOLE_PPO, total_steps=100_000), 100_000, 20_480, "ppo_cartpole",
@@ -101,7 +101,7 @@ WORKLOADS = [
     Workload("ppo-cartpole-64-lr", "ppo", dict(CARTPOLE_PPO, num_envs=64, learning_rate=2.5e-3, total_steps=500_000),
              500_000, None, None,
              "the same with a 10x learning rate (2.5e-3, annealed), which solves CartPole within the 500k steps "
-             "(issue 9's milestone: 120k SPS while reaching 475); left out of --quick (its return needs the whole "
+             "(the 64-env milestone: 120k SPS while reaching 475); left out of --quick (its return needs the whole "
              "run) and without SB3 (the row above measures SB3 at these shapes)",
              contenders=("raw", "compiled", "eager")),
     Workload("ppo-cartpole-64-alternating", "ppo", dict(CARTPOLE_PPO, num_envs=64, total_steps=500_000), 500_000,
@@ -117,7 +117,7 @@ WORKLOADS = [
              train_kwargs={"sampler": "graph"}, contenders=("compiled",)),
     Workload("ppo-cartpole-64-lr-graph", "ppo", dict(CARTPOLE_PPO, num_envs=64, learning_rate=2.5e-3,
                                                      total_steps=500_000), 500_000, 500_000, None,
-             "`ppo-cartpole-64-lr` with `--sampler graph`: issue 9's milestone with the rollout compiled whole "
+             "`ppo-cartpole-64-lr` with `--sampler graph`: the 64-env milestone with the rollout compiled whole "
              "(in --quick too: at this speed the whole run takes seconds)", train_kwargs={"sampler": "graph"},
              contenders=("compiled",)),
     Workload("dqn-cartpole", "dqn", dict(CARTPOLE_DQN, total_steps=100_000), 100_000, 20_000, "dqn_cartpole",
@@ -131,7 +131,7 @@ WORKLOADS = [
     Workload("ppo-pong", "ppo", dict(PONG_PPO, total_steps=5_120), 5_120, None, "ppo_pong",
              "CleanRL Atari settings, 8 envs x 128, Nature CNN"),
     # 64k steps per seed in both rows: each measured second half lasts several seconds (the 8 seeds'
-    # ran 16k steps until session 10, under 2 s measured, and its ratio read 3.8-5.2x in three runs)
+    # once ran 16k steps, under 2 s measured, and its ratio read 3.8-5.2x in three runs)
     Workload("ppo-default-1seed", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536, None,
              "fnrl's default PPO CartPole config (8 envs x 32 steps), one seed", contenders=("raw", "compiled")),
     Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536, None,
@@ -495,7 +495,7 @@ def run_suite(quick: bool = False, only: list[str] | None = None, threads: int =
                           f"return_mean {_fmt(c.get('return'), 1)}, best {_fmt(c.get('best_return'), 1)} (target: "
                           f"120,000 SPS while reaching 475; purejaxrl 170k): {verdict}."]
     lines += ["", "Settings:", ""] + [f"- `{r['w'].key}`: {r['w'].note}." for r in rows]
-    lines += ["", "Peers quoted from PEERS.md (same kind of machine, not re-run here): purejaxrl PPO CartPole "
+    lines += ["", "Peers measured earlier on the same kind of machine (not re-run here): purejaxrl PPO CartPole "
               "121k SPS at 4 envs, 170k at 64 envs; CleanRL PPO CartPole 3.9k, DQN CartPole 3.6k, "
               "PPO Pong 306, SAC HalfCheetah ~80."]
     report = "\n".join(lines) + "\n"

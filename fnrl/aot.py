@@ -3,7 +3,7 @@
 A `torch.compile`d `act` is fast math behind a slow door: every call goes through
 TorchDynamo's frame hook, its guard check and AOTAutograd's runtime wrappers, which cost
 more than the math of a 64-64 MLP policy on a few CartPole envs. In
-`benchmarks/ppo_breakdown.md` (session 5: 4 envs x 128 steps, 2-core CPU) acting took
+`benchmarks/probes/ppo_breakdown.md` (4 envs x 128 steps, 2-core CPU) acting took
 43.7 ms per rollout through `torch.compile` and 14.5 ms through this module. The sampler
 calls `act` once per env step, so that door is paid T times per rollout. `AotAct`
 exports `act` once (`torch.export`, with the state's leaves as flat

@@ -19,7 +19,7 @@ TensorDict (and the buffer, whose tree and priorities it updated in place). JAX'
 caller's, and the loop never reads a state it has passed on.
 
 What that saves, per update of CleanRL's DQN CartPole settings (batch 128, 120x84 MLP,
-1 core; `benchmarks/learner_step.md`): the separate compiled sample (a [N] batch
+1 core; `benchmarks/probes/learner_step.md`): the separate compiled sample (a [N] batch
 TensorDict rebuilt in Python) and the second compiled call's entry, and the Python that
 rebuilds a new nested state TensorDict (params, target params, Adam moments) after every
 update; on the CPU the graph's own calls are made from C++ (Inductor's `cpp_wrapper`).
@@ -33,7 +33,7 @@ ahead_of_time=True (the loop's choice where `fnrl.aot.ENABLED`): the same step, 
 (`fnrl.aot.compile_traced`, cached on disk), then called with the ~40 tensor leaves of the
 state and the buffer as a flat list. That skips TorchDynamo's frame hook, guard lookup and
 AOTAutograd's wrappers around the graph: per DQN update (CleanRL's CartPole settings, 1 core)
-~540 -> ~380 us; the arithmetic-bound SAC update 1.05x (`benchmarks/learner_step.md`). A step that cannot be traced this way runs through
+~540 -> ~380 us; the arithmetic-bound SAC update 1.05x (`benchmarks/probes/learner_step.md`). A step that cannot be traced this way runs through
 `torch.compile`, after one warning.
 
 cuda_graph=True (fused, on a GPU; `fnrl train --cuda-graphs`): the compiled step is captured

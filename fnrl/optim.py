@@ -406,7 +406,7 @@ def polyak(target: TensorDictBase, online: TensorDictBase, tau: float | torch.Te
 def weight_as_number(tau: torch.Tensor) -> bool:
     """Whether `polyak` reads a tensor weight as a number: on the CPU, where the read costs
     nothing and the number form is the fastest (DQN's learner step ~0.94x as fast with the
-    tensor form, `benchmarks/polyak_weight.md`); not on a GPU, where a compiled step would
+    tensor form, `benchmarks/probes/polyak_weight.md`); not on a GPU, where a compiled step would
     read it off the device: a sync per update, which also forbids CUDA graph capture (DQN's
     first GPU run, `benchmarks/gpu_graphs.md`)."""
     return tau.device.type == "cpu"

@@ -1,6 +1,6 @@
 """Return primitives: discounted, n-step and lambda returns, GAE, V-trace, Retrace, value rescaling.
 
-Conventions (see DESIGN.md):
+Conventions:
 - every sequence argument is time-major, `[T, ...]`, with any trailing batch dims, and all
   sequence arguments of one call share one shape;
 - `discount_t` already includes `gamma * (1 - terminated_t)`;

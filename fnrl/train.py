@@ -128,7 +128,7 @@ def _make_agent(module, config, spec, compile: bool, update_compiled_by_learner:
 
     Compiled acting is ahead of time (`fnrl.aot.AotAct`: the sampler's calls go straight to
     an AOTInductor model; 14.5 instead of 43.7 ms of acting per 4-env x 128-step PPO rollout
-    in benchmarks/ppo_breakdown.md, session 5), with a `torch.compile`d `act` for the calls
+    in benchmarks/probes/ppo_breakdown.md), with a `torch.compile`d `act` for the calls
     that model does not serve (evaluation, recurrent carries). Off-policy acting is compiled with Inductor's
     `fallback_random`, so it draws exactly the random numbers eager acting draws (same
     exploration as `compile=False`); the `torch.compile`d fallback uses `cpp_wrapper` on the CPU
@@ -203,7 +203,7 @@ class _HeldStance:
 FUSED_LEARNER = True
 """Off-policy runs with compile=True sample and update in one compiled graph, the state donated
 (`fnrl.learner`), for a row replay without frame deduplication and one seed; set False for a
-separately compiled sample and update (benchmarks/learner_step.py compares the two)."""
+separately compiled sample and update (benchmarks/probes/learner_step.py compares the two)."""
 
 
 UPDATE_MACS_FOR_ALL_CORES = 2048 * 64 * 64
@@ -228,7 +228,7 @@ def update_threads_for(config, off_policy: bool, width: int, threads: int | None
     every core. That pays from about 2048 x 64 x 64 multiply-adds per layer
     (`UPDATE_MACS_FOR_ALL_CORES`: rows = an on-policy minibatch or an off-policy batch, times
     the vmapped rows, times `_widest_layer(config.hidden)`), or at any size with image
-    observations (conv torso). Interleaved on 2 cores (`benchmarks/threads.md`), 1 vs 2
+    observations (conv torso). Interleaved on 2 cores (`benchmarks/probes/threads.md`), 1 vs 2
     threads: PPO CartPole's 2048-row minibatches 1.22-1.4x faster on 2, 1024 rows 0.89-1.17x,
     128 rows (CleanRL's 4 envs) 0.88-0.91x and fnrl's default 256 rows 0.84x; PPO Pong's
     Nature CNN 1.4x; replay sample + update (two runs) of SAC / TD3 HalfCheetah (batch 256,
@@ -528,7 +528,7 @@ def _train(world, name: str, config=None, *, seed: int = 0, log_dir=None, device
     if not (threads == update_threads == 1 and world.size == 1) and isinstance(env, envs.BatchedEnv):
         # a polling recv (fnrl.envs.batched.EnvPoolCalls) would be one busy thread too many: idle
         # OpenMP threads of a multi-thread act or update spin on into the collect (64-env PPO
-        # collects up to 1.24x slower polling, `benchmarks/env_wait.md`), and ranks share the cores
+        # collects up to 1.24x slower polling, `benchmarks/probes/env_wait.md`), and ranks share the cores
         env.poll = False
     steps_per_collect = config.num_steps * config.num_envs
     log_interval = log_interval or max(steps_per_collect, config.total_steps // 100)

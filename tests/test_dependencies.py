@@ -78,3 +78,18 @@ def test_the_check_sees_an_undeclared_import(tmp_path):
     assert _imports(module) == [("numpy", False, 1), ("scipy", False, 2), ("yaml", True, 5)]
     core, extras = _declared()
     assert "scipy" not in core | set().union(*extras.values())
+
+
+USED_THROUGH = {"tensorboard": "torch.utils.tensorboard"}
+"""Dependencies that fnrl uses through another package's module rather than by importing them."""
+
+
+def test_every_dependency_is_used():
+    """Each declared dependency is imported somewhere in fnrl (or used through the module named in
+    USED_THROUGH): a dependency nothing uses is a download every user pays for."""
+    core, _ = _declared()
+    sources = sorted((ROOT / "fnrl").rglob("*.py"))
+    imported = {_distribution(top) for path in sources for top, _, _ in _imports(path)}
+    text = "\n".join(path.read_text() for path in sources)
+    unused = sorted(d for d in core if d not in imported and not (d in USED_THROUGH and USED_THROUGH[d] in text))
+    assert not unused, f"declared in pyproject.toml but never imported by fnrl: {unused}"

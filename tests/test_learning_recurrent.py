@@ -8,7 +8,7 @@ from fnrl.algos import ppo
 from fnrl.train import train
 from tests.learning import final_evaluations
 
-# 200k env steps (under the 300k budget); eager: a cold compile of the 32-step
+# 200k env steps (under a 300k budget); eager: a cold compile of the 32-step
 # unrolled LSTM gradient costs minutes on a small CPU, more than the whole run.
 NOVEL = ppo.Config(env_id="fnrl/CartPoleNoVel-v1", total_steps=200_000, num_envs=64, num_steps=32,
                    update_epochs=8, num_minibatches=2, normalize_obs=True, core="lstm", core_size=64,

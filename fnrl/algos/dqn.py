@@ -245,7 +245,7 @@ class Functions(NamedTuple):
     net: the QNetwork. outputs(params, obs, taus=None) -> [*, A, K] (IQN: taus [*, M] ->
     [*, A, M]). q_values(params, obs) -> [*, A] (IQN: the mean over num_quantile_samples
     sampled fractions). loss(params, target_params, batch) -> (scalar loss, metrics) with
-    metrics["td_abs"] [N], the priority signal: |TD| ("q"), KL(target || prediction)
+    `metrics["td_abs"]` [N], the priority signal: |TD| ("q"), KL(target || prediction)
     ("categorical"), mean |quantile TD| ("quantile", "iqn").
     """
 

@@ -163,7 +163,7 @@ def scan_on(device: torch.device) -> bool:
     or as a Python loop of one compiled minibatch step (CUDA).
 
     On the CPU the scan saves TorchDynamo's guard check and Python between the minibatch
-    steps (`benchmarks/ppo_update_aot.md`). On a GPU that host time overlaps the kernels,
+    steps (`benchmarks/probes/ppo_update_aot.md`). On a GPU that host time overlaps the kernels,
     and `fnrl train --cuda-graphs` replays the whole loop as one launch
     (`fnrl.cudagraphs.GraphedUpdate`): the loop is the path checked on a GPU
     (`tests/test_cudagraphs.py`)."""
@@ -180,7 +180,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     (the CPU) and the policy is feed-forward, the calls are served instead by one AOTInductor model of the
     whole iteration (the pieces traced together, the minibatch loop a `scan` inside it),
     called with the state's and the rollout's tensors: no TorchDynamo guards, no Python
-    between the minibatches (`benchmarks/ppo_update_aot.md`).
+    between the minibatches (`benchmarks/probes/ppo_update_aot.md`).
 
     batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and
     trains the K rows independently: each piece is `torch.func.vmap`-ed over the leading

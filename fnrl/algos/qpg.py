@@ -24,7 +24,7 @@ with `torch.func.vmap`; target networks are one TensorDict moved by one `polyak`
 update (critic, actor, temperature, targets) is one pure function. TD3's actor/target cadence
 is a `switch` (torch.cond) on the update counter tensor `state["updates"]`: one graph, and
 the off steps never compute the actor's loss or gradient (~27% cheaper than the on steps,
-1.15-1.18x per update against masking the actor step, `benchmarks/td3_delay.md`);
+1.15-1.18x per update against masking the actor step, `benchmarks/probes/td3_delay.md`);
 `state["actor_metrics"]` carries the last actor step's metrics for the steps in between.
 
 The policy works in [-1, 1]^D; `act` rescales to the env's bounds (`spec.action_low/high`, or

@@ -216,8 +216,8 @@ class Functions(NamedTuple):
 
     net: the R2D1Network. q_sequence(params, batch) -> q [seq_len + n_step, N, A] of the
     rows after the burn-in, unrolled from the stored carry (burn-in without gradient).
-    loss(params, target_params, batch) -> (loss, metrics) with metrics["td_abs"] [T, N]
-    (masked |delta|) and metrics["priority"] [N].
+    loss(params, target_params, batch) -> (loss, metrics) with `metrics["td_abs"]` [T, N]
+    (masked |delta|) and `metrics["priority"]` [N].
     """
 
     net: R2D1Network

@@ -58,7 +58,7 @@ def envpool_threads(env_id: str) -> int:
     1 for classic-control and toy-text tasks, 0 (EnvPool's own default: one thread per
     core, at most one per env) for the rest. A CartPole step costs less than handing it to
     another thread and back, and EnvPool's worker threads spin while they wait, so extra
-    threads only take CPU from the policy. Interleaved on 2 cores (`benchmarks/threads.md`):
+    threads only take CPU from the policy. Interleaved on 2 cores (`benchmarks/probes/threads.md`):
     raw CartPole 1.19-1.37x faster with 1 thread at 4 and 64 envs, a PPO rollout
     1.08-1.31x; Atari steps are heavy enough to gain from more threads (Pong, 8 envs:
     0.70-0.81x as fast with 1 thread). `$FNRL_ENV_THREADS` (`fnrl train --env-threads N`)
@@ -95,9 +95,9 @@ def steps_in_process(env_id: str, num_envs: int, envpool_kwargs: dict) -> bool:
     back, which costs more than the steps: with 30-100 µs of the caller's work between steps
     (EnvPool's worker falls asleep meanwhile), a CartPole step of 1 / 4 envs costs 96-117 /
     131-210 µs through EnvPool and 27-38 / 72-85 µs in-process (Pendulum: 108-130 / 99-126 vs
-    54-57 / 68-75 µs; `benchmarks/env_step.md`, 2-core CPU in a slow phase), and a loaded
+    54-57 / 68-75 µs; `benchmarks/probes/env_step.md`, 2-core CPU in a slow phase), and a loaded
     machine makes the hand-off wait for the scheduler. PPO with CleanRL's 4-env CartPole
-    settings trains 1.1-1.8x faster in-process (interleaved runs, session 13). From 8 envs on,
+    settings trains 1.1-1.8x faster in-process (interleaved runs). From 8 envs on,
     EnvPool's batching wins. The dynamics, spaces and dtypes are the same; the random initial
     states differ."""
     env_id = _base_id(env_id)

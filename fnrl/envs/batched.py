@@ -76,7 +76,7 @@ class EnvPoolCalls:
     EnvPool's gymnasium `step` spends most of its time in Python: converting the action
     into the C++ argument list and the returned state list into an info dict with a tree
     unflatten (most of a 4-env CartPole step; EnvPool time per 4-env x 128-step rollout
-    fell from 24.5 to 13.9 ms with these calls, benchmarks/ppo_breakdown.md, session 5).
+    fell from 24.5 to 13.9 ms with these calls, benchmarks/probes/ppo_breakdown.md).
     Here the argument list (`env_id`, `players.env_id`, `action`) is built once by
     EnvPool's own conversion of a first action, which EnvPool
     also validates then, and each step only swaps the action in; `recv` picks the arrays
@@ -89,7 +89,7 @@ class EnvPoolCalls:
     Waiting (`poll`): EnvPool's `recv` puts the caller to sleep until its worker posts the
     step, and a thread woken from sleep pays twice: the wake-up itself and, after it, its
     own work runs on cold caches (on these 2-core VMs a 64-env PPO `act` took ~30 us right
-    after a busy wait and ~60 us right after `recv`; `benchmarks/env_wait.md`). Where a core
+    after a busy wait and ~60 us right after `recv`; `benchmarks/probes/env_wait.md`). Where a core
     is left over for the caller (EnvPool's worker threads fewer than this process's cores,
     as with the 1 thread of a classic-control task), `recv` first polls the clock until the
     step is about due, `POLL_SHARE` of its running mean duration after `send`, and only

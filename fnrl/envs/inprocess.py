@@ -6,7 +6,7 @@ and no more. `SyncVectorEnv` iterates the batched action through its space, merg
 env's info dict into a batched one and deep-copies the observations each step; fnrl reads
 no gymnasium info, so here a step is the envs' own `step` calls and one stack of their
 observations: `BatchedEnv.step_arrays` over 1-8 CartPole or Pendulum envs is 1.0-1.6x as
-fast (`benchmarks/env_step.md`, 2-core CPU). Same seeding (env i of `reset(seed=s)` gets
+fast (`benchmarks/probes/env_step.md`, 2-core CPU). Same seeding (env i of `reset(seed=s)` gets
 `s + i`) and the same autoreset as `SyncVectorEnv(autoreset_mode=NEXT_STEP)`, so both give
 the same steps (`tests/test_envs.py::test_in_process_envs_step_as_gymnasium_sync_vector_env`).
 """

@@ -72,7 +72,7 @@ class Linear(nn.Linear):
     1-8 observations). Inductor fuses the sum with the activation around it into one loop,
     where a GEMM of a few rows is a library call whose dispatch costs more than its
     multiply-adds and whose code evicts the interpreter's from the caches between env steps.
-    Acting ahead of time (`benchmarks/few_rows.md`, 2-core CPU): DQN's 1-env 4-120-84-2
+    Acting ahead of time (`benchmarks/probes/few_rows.md`, 2-core CPU): DQN's 1-env 4-120-84-2
     Q-network 12.6 instead of 19.1 us a call, SAC's 1-env 17-256-256-12 actor 23.1 instead of
     40.5, PPO's 4-env 64-64 policy 20.9 instead of 32.9; the training loops of DQN (1 env) and
     PPO (4 envs) with CleanRL's CartPole settings 1.10x faster per env step. Updates (batches
@@ -101,7 +101,7 @@ class NarrowLinear(Linear):
     actor-critic's policy and value heads use it: PPO CartPole's compiled update runs
     1.05-1.11x faster with 128- to 2048-row minibatches, vmapped seeds too, while the ReLU
     heads of DQN and TD3 (batch 128 / 256) ran 0.96x with it and keep `Linear`
-    (`benchmarks/narrow_heads.md`). Wider layers, and eager mode, use `F.linear`.
+    (`benchmarks/probes/narrow_heads.md`). Wider layers, and eager mode, use `F.linear`.
     """
 
     def _elementwise(self, x: torch.Tensor) -> bool:
@@ -180,7 +180,7 @@ class _ConvTorso(nn.Module):
         lead = x.shape[:-3]
         frames = x.reshape(-1, *x.shape[-3:]).float() / 255.0
         # channels-last strides (written with permutes, which vmap supports): oneDNN's convolutions
-        # run faster on them on the CPU (Nature CNN forward + backward 1.53-1.66x, benchmarks/threads.md)
+        # run faster on them on the CPU (Nature CNN forward + backward 1.53-1.66x, benchmarks/probes/threads.md)
         frames = frames.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
         return self.net(frames).reshape(*lead, self.out_dim)
 

@@ -136,7 +136,7 @@ def sample(buffers: MultiBuffer, batch_size: int, beta: float | torch.Tensor = 0
 
 
 def update_priorities(buffers: MultiBuffer, index: torch.Tensor, priority: torch.Tensor) -> MultiBuffer:
-    """Row r's sampled rows index[r] [N] get priorities from TD errors priority[r] [N].
+    """Row r's sampled rows `index[r]` [N] get priorities from TD errors `priority[r]` [N].
     Sequence buffers: index [R, L, N] (a sample's `index`, read at [:, 0]) or [R, N]; priority
     [R, N], one per sequence."""
     if buffers.kind is sequence and index.ndim == 3:

@@ -1,0 +1,119 @@
+"""How much the pieces of a rollout step cost in the rollout, next to what they cost alone.
+
+A serial PPO CartPole rollout step is: the compiled act (`fnrl.aot.AotAct`), EnvPool's step
+(`send` + `recv`), the adaptor's flags and episode statistics (`BatchedEnv._wrap`) and the
+sampler's writes (`Lane.record`). Timed alone, in a tight loop of one piece, they add up to
+about half of what a `collect` costs per step. This script times each piece inside a
+128-step loop (`perf_counter` around every call) with the other pieces switched on or off:
+
+- `act`: the policy runs each step (off: the first action is reused);
+- `env`: EnvPool steps each step (off: the first step's arrays are reused);
+
+so the table shows what a piece costs when the env's worker thread and the policy run
+around it, and how busy the process's threads are meanwhile (CPU time / wall time). The rollout buffer, the env and the policy are the same in every variant.
+
+    python benchmarks/probes/step_interference.py [--envs 4,64] [--rounds 9] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fnrl import envs, samplers
+from fnrl.algos import ppo
+from fnrl.train import _make_agent
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # the other probes
+from machine import cpu_model  # noqa: E402
+from ppo_breakdown import SETTINGS  # noqa: E402
+
+OUTPUT = Path(__file__).with_suffix(".md")
+T = 128
+
+
+@torch.no_grad()   # as the samplers' collects call Lane.act
+def measure(num_envs: int, rounds: int) -> list[str]:
+    config = ppo.Config(**{**SETTINGS, "num_envs": num_envs})
+    env = envs.make("CartPole-v1", num_envs, seed=0)
+    agent = _make_agent(ppo, config, env.spec, compile=True)
+    state = agent.init(0)
+    sampler = samplers.make("serial", env, agent.act, T)
+    for _ in range(3):
+        sampler.collect(state)
+    lane, calls, pc = sampler.lane, env._calls, time.perf_counter
+    action = lane.act(state, True)
+    first = calls.step(env._np_action(action))
+
+    def one_round(use_env: bool, use_act: bool) -> dict:
+        spent = dict.fromkeys(("act", "env", "wrap", "record"), 0.0)
+        a = action
+        lane.begin()
+        cpu, start = time.process_time(), pc()
+        for t in range(T):
+            t0 = pc()
+            if use_act:
+                a = lane.act(state, True)
+            t1 = pc()
+            out = calls.step(env._np_action(a)) if use_env else first
+            t2 = pc()
+            step = env._wrap(*out)
+            t3 = pc()
+            lane.record(t, step)
+            t4 = pc()
+            spent["act"] += t1 - t0
+            spent["env"] += t2 - t1
+            spent["wrap"] += t3 - t2
+            spent["record"] += t4 - t3
+        spent["step"], cpu = pc() - start, time.process_time() - cpu
+        return {**{k: v / T * 1e6 for k, v in spent.items()}, "cpu": cpu / spent["step"]}
+
+    variants = [(False, False), (False, True), (True, False), (True, True)]
+    times = {v: [] for v in variants}
+    for _ in range(rounds):   # interleaved: the machine's drift hits every variant alike
+        for v in variants:
+            times[v].append(one_round(*v))
+    sampler.close()
+    lines = []
+    for (use_env, use_act), rows in times.items():
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        cell = lambda k, on=True: f"{med[k]:.1f}" if on else "–"   # noqa: E731
+        lines.append(f"| {num_envs} | {'yes' if use_act else 'no'} | {'yes' if use_env else 'no'} "
+                     f"| {cell('act', use_act)} | {cell('env', use_env)} | {cell('wrap')} | {cell('record')} "
+                     f"| {med['step']:.1f} | {med['cpu']:.2f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--envs", default="4,64")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--out", type=Path, default=OUTPUT)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = ["# Rollout step pieces: alone and in the rollout", "",
+             f"Machine: nproc={os.cpu_count()}, CPU: {cpu_model()}, GPU: none (CPU only), torch {torch.__version__} "
+             f"(1 intra-op thread). Load average at start: {load}.", "",
+             "µs per step, medians over interleaved rounds of 128 steps (PPO CartPole policy, compiled act, "
+             "serial sampler's buffer). `policy` / `EnvPool`: whether that piece runs each step (no: its first "
+             "output is reused). `step`: the whole loop body, timers included. `CPU / wall`: the process's CPU time (all its "
+             "threads, EnvPool's worker too) over the loop's wall time. Generated by "
+             "`python benchmarks/probes/step_interference.py`.", "",
+             "| envs | policy | EnvPool | act | env step | wrap | record | step | CPU / wall |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for n in (int(x) for x in args.envs.split(",")):
+        lines += measure(n, args.rounds)
+    lines += ["", f"Load average at end: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}."]
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
