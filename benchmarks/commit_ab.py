@@ -43,9 +43,14 @@ def child(settings: str) -> None:
 
     from fnrl import envs
     from fnrl.algos import ppo
-    from fnrl.aot import AotAct
     from fnrl.samplers import SerialSampler
-    from fnrl.train import _HeldStance, _intra_op_threads, update_threads_for
+    try:   # the tree's layout: the speed plumbing in fnrl.accel and fnrl.run, or in fnrl.aot and fnrl.train before
+        from fnrl.accel.aot import AotAct
+        from fnrl.accel.compiled import HeldStance
+        from fnrl.run.threads import intra_op_threads, update_threads_for
+    except ImportError:
+        from fnrl.aot import AotAct
+        from fnrl.train import _HeldStance as HeldStance, _intra_op_threads as intra_op_threads, update_threads_for
 
     torch.set_num_threads(1)
     config = ppo.Config() if settings == "default" else ppo.Config(**SHARED, **SETTINGS[settings])
@@ -59,13 +64,13 @@ def child(settings: str) -> None:
     collects, updates = [], []
     for i in range(23):
         if i == 3:
-            stance = _HeldStance()
+            stance = HeldStance()
             stance.hold(True)
         t = time.perf_counter()
         rollout = sampler.collect(state)
         state["env_steps"].add_(config.num_envs * config.num_steps)
         collected = time.perf_counter()
-        with _intra_op_threads(threads):
+        with intra_op_threads(threads):
             state, _ = agent.update(state, rollout)
         if i >= 3:
             collects.append(collected - t)

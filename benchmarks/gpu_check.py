@@ -10,7 +10,7 @@ Nature-CNN update on the GPU vs the CPU.
    4 epochs x 4 minibatches of 256) on a synthetic Pong-shaped rollout: seconds per
    update, eager vs compiled, GPU vs CPU.
 3. Compiled == eager for that update on the GPU.
-4. The off-policy learner step replayed from a CUDA graph (`--cuda-graphs`, fnrl.cudagraphs)
+4. The off-policy learner step replayed from a CUDA graph (`--cuda-graphs`, fnrl.accel.cudagraphs)
    against the same step called compiled: parameters after the same short run, and env steps
    per second of both (DQN CartPole with CleanRL's settings, SAC HalfCheetah-v4 with batch 256).
 

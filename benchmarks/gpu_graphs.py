@@ -14,8 +14,8 @@ launch. For each contender:
 - the parameters after 3 updates from the same state against eager's (max abs difference).
 
 Contenders: eager; compiled as `fnrl train` compiles (on a GPU `torch.compile`, the minibatch
-steps as a loop of one compiled step, `ppo.scan_on`; AOTInductor serves the CPU only); and replayed from
-CUDA graphs as `fnrl train --cuda-graphs` does (`fnrl.cudagraphs.GraphedUpdate`, the state
+steps as a loop of one compiled step, `fnrl.accel.staged.scan_on`; AOTInductor serves the CPU only); and replayed from
+CUDA graphs as `fnrl train --cuda-graphs` does (`fnrl.accel.cudagraphs.GraphedUpdate`, the state
 donated; `GraphedAct`, the observation copied into a fixed buffer). Last, whole training
 runs at those settings, compiled and graphed: env steps per second and final return.
 """
@@ -64,8 +64,8 @@ def timed(fn, n, device) -> float:
 
 
 def updates(rows, device, n):
-    from fnrl.cudagraphs import GraphedUpdate
-    from fnrl.train import _make_agent
+    from fnrl.accel.cudagraphs import GraphedUpdate
+    from fnrl.accel.compiled import make_agent
 
     ppo, spec, config, rollout = setup(device)
     results = {}
@@ -92,7 +92,7 @@ def updates(rows, device, n):
         return (lambda state, order: agent.update(state, rollout)[0]), None
 
     def graphed():
-        agent = _make_agent(ppo, config, spec, True)
+        agent = make_agent(ppo, config, spec, True)
         update = GraphedUpdate(agent.update)
         return (lambda state, order: update(state, rollout)[0]), None
 
@@ -102,8 +102,8 @@ def updates(rows, device, n):
 
 
 def acts(rows, device, n):
-    from fnrl.cudagraphs import GraphedAct
-    from fnrl.train import _make_agent
+    from fnrl.accel.cudagraphs import GraphedAct
+    from fnrl.accel.compiled import make_agent
 
     ppo, spec, config, _ = setup(device)
     host_obs = torch.randn(B, 4)
@@ -124,7 +124,7 @@ def acts(rows, device, n):
 
     eager = ppo.make(config, spec)
     run("eager", lambda obs: eager.act(state, obs, None, True)[0])
-    compiled = _make_agent(ppo, config, spec, True)
+    compiled = make_agent(ppo, config, spec, True)
     run("compiled (as fnrl train)", lambda obs: compiled.act(state, obs, None, True)[0])
     graphed = GraphedAct(compiled.act, ppo.ACT_KEYS)
     run("CUDA graph (GraphedAct, as fnrl train --cuda-graphs)", lambda obs: graphed(state, obs, None, True)[0])

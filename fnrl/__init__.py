@@ -1,4 +1,4 @@
 """fnrl: functional deep reinforcement learning for PyTorch."""
-from fnrl import inductor as _inductor  # noqa: F401  (settings compiled steps need on some torch versions)
+from fnrl.accel import inductor as _inductor  # noqa: F401  (settings compiled steps need on some torch versions)
 
 __version__ = "0.1.0"

@@ -14,7 +14,8 @@ import torch
 
 from fnrl import algos, envs, rng
 from fnrl.errors import ConfigError
-from fnrl.train import _from_json, _make_agent, load_checkpoint
+from fnrl.accel.compiled import make_agent
+from fnrl.run.checkpoint import config_from_json, load_checkpoint
 
 
 class Evaluator:
@@ -56,7 +57,7 @@ class Evaluator:
             raise ConfigError(f"{config.env_id} cannot render frames for --record-video: its env takes no "
                               f"render_mode='rgb_array' ({type(e).__name__})") from e
         with torch.random.fork_rng(devices=[]):  # building networks draws from the RNG
-            self.agent = _make_agent(module, config, self.env.spec, compile=compile)
+            self.agent = make_agent(module, config, self.env.spec, compile=compile)
 
     def _frame(self):
         frame = self.env.raw.render()
@@ -186,7 +187,7 @@ def _load(path, row: int | None = None):
             raise ConfigError(f"{path} holds {rows} vmapped rows (--num-seeds / --sweep); pick one with "
                               f"--row K, K in 0..{rows - 1} (the seed / value order of progress.csv)")
         state = state[row]
-    return name, type(algos.default_config(name))(**_from_json(ckpt["config"])), state
+    return name, type(algos.default_config(name))(**config_from_json(ckpt["config"])), state
 
 
 def evaluate_checkpoint(path, episodes: int = 10, seed: int = 10_000, record_video=None, record_episodes: int = 1,

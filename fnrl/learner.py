@@ -28,16 +28,16 @@ It draws with Inductor's `fallback_random`, so it uses the random numbers that t
 `replay.sample` + `update` draw: with the same seed both give the same batches and the same
 parameters (`tests/test_learner.py`).
 
-ahead_of_time=True (the loop's choice where `fnrl.aot.ENABLED`): the same step, traced once
+ahead_of_time=True (the loop's choice where `fnrl.accel.aot.ENABLED`): the same step, traced once
 (`make_fx` on fake tensors, through `torch.func.grad`), exported and compiled by AOTInductor
-(`fnrl.aot.compile_traced`, cached on disk), then called with the ~40 tensor leaves of the
+(`fnrl.accel.aot.compile_traced`, cached on disk), then called with the ~40 tensor leaves of the
 state and the buffer as a flat list. That skips TorchDynamo's frame hook, guard lookup and
 AOTAutograd's wrappers around the graph: per DQN update (CleanRL's CartPole settings, 1 core)
 ~540 -> ~380 us; the arithmetic-bound SAC update 1.05x (`benchmarks/probes/learner_step.md`). A step that cannot be traced this way runs through
 `torch.compile`, after one warning.
 
 cuda_graph=True (fused, on a GPU; `fnrl train --cuda-graphs`): the compiled step is captured
-in a CUDA graph at its third call and replayed after (`fnrl.cudagraphs.GraphedStep`): one
+in a CUDA graph at its third call and replayed after (`fnrl.accel.cudagraphs.GraphedStep`): one
 launch per update instead of one per kernel. The donated state, the buffer written in place
 and the refilled beta keep their addresses, which is what a replay needs; the metrics are
 the graph's own tensors, rewritten by the next update.
@@ -53,9 +53,9 @@ from typing import Callable
 
 import torch
 
-from fnrl import aot
+from fnrl.accel import aot
 from fnrl import replay as row_replay
-from fnrl.inductor import compile_with_cpp_wrapper_on_cpu
+from fnrl.accel.inductor import compile_with_cpp_wrapper_on_cpu
 
 
 def make_learner(update: Callable, batch_size: int, prioritized: bool, *, fused: bool, ahead_of_time: bool = False,
@@ -104,8 +104,8 @@ def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: 
         return metrics
 
     compiled = compile_with_cpp_wrapper_on_cpu(step, {"fallback_random": True}, fullgraph=True, dynamic=False)
-    model = None         # the step as an AOTInductor model (fnrl.aot.AotFunction), built at the first call
-    graphed = None       # the compiled step replayed from a CUDA graph (fnrl.cudagraphs), with cuda_graph
+    model = None         # the step as an AOTInductor model (fnrl.accel.aot.AotFunction), built at the first call
+    graphed = None       # the compiled step replayed from a CUDA graph (fnrl.accel.cudagraphs), with cuda_graph
     beta_tensor = None   # one 0-d tensor refilled per call (a graph input, so a new beta never recompiles)
 
     def learn(state, buffer, beta: float):
@@ -115,7 +115,7 @@ def _fused(update: Callable, batch_size: int, prioritized: bool, ahead_of_time: 
         beta_tensor.fill_(beta)
         if cuda_graph:
             if graphed is None:
-                from fnrl.cudagraphs import GraphedStep
+                from fnrl.accel.cudagraphs import GraphedStep
 
                 graphed = GraphedStep(functools.partial(compiled, spec=buffer.spec))
             return state, buffer, graphed(*_parts(state, buffer, beta_tensor))

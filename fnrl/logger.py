@@ -23,7 +23,7 @@ class Logger:
             with open(self.path, newline="") as f:
                 reader = csv.DictReader(f)
                 self._fields = reader.fieldnames
-                self.rows = [{k: _num(v) for k, v in r.items()} for r in reader]
+                self.rows = [{k: csv_value(v) for k, v in r.items()} for r in reader]
         self._file = open(self.path, "a" if append else "w", newline="")
         self._writer = None if self._fields is None else csv.DictWriter(self._file, self._fields, extrasaction="ignore")
         self._tb = None
@@ -83,7 +83,8 @@ def interval_rows(shared: dict, episodes: list[dict], evaluations: list[dict] | 
             for label, episode, evaluation, metric in zip(labels, episodes, evaluations, metrics)]
 
 
-def _num(v: str):
+def csv_value(v: str):
+    """A progress.csv cell as a float where it reads as one, else the string."""
     try:
         return float(v)
     except (TypeError, ValueError):
@@ -107,8 +108,8 @@ def plot_curves(runs, path: str | Path, title: str = "", y: str = "return_mean",
     groups = runs if isinstance(runs, dict) else {y: runs}
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, group in groups.items():
-        curves = [([float(r["env_steps"]) for r in rows if _finite(r.get(y))],
-                   [float(r[y]) for r in rows if _finite(r.get(y))]) for rows in group]
+        curves = [([float(r["env_steps"]) for r in rows if is_finite_number(r.get(y))],
+                   [float(r[y]) for r in rows if is_finite_number(r.get(y))]) for rows in group]
         curves = [c for c in curves if c[0]]
         if len(curves) == 1:
             ax.plot(*curves[0], label=label)
@@ -132,5 +133,6 @@ def plot_curves(runs, path: str | Path, title: str = "", y: str = "return_mean",
     return Path(path)
 
 
-def _finite(v) -> bool:
+def is_finite_number(v) -> bool:
+    """Whether a progress value is a finite int or float (not NaN, not a string)."""
     return isinstance(v, (int, float)) and math.isfinite(v)

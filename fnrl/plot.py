@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from fnrl.errors import ConfigError
-from fnrl.logger import _finite, _num, plot_curves
+from fnrl.logger import csv_value, is_finite_number, plot_curves
 
 
 def find_runs(paths) -> list[Path]:
@@ -39,7 +39,7 @@ def read_run(folder: Path) -> tuple[dict | None, list[list[dict]]]:
     """(config without its seed, or None without config.json; the run's rows, split by a seed
     column, one per env_steps value in increasing order: the last one logged)."""
     with open(folder / "progress.csv", newline="") as f:
-        rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        rows = [{k: csv_value(v) for k, v in r.items()} for r in csv.DictReader(f)]
     per_seed: dict = {}
     for r in rows:  # a resumed run repeats the rows logged after its last checkpoint: keep the latest
         per_seed.setdefault(r.get("seed"), {})[r["env_steps"]] = r
@@ -105,7 +105,7 @@ def plot_runs(paths, out: str | Path = "curves.png", y: str = "return_mean", gro
     if not out.resolve().parent.is_dir():
         raise ConfigError(f"--out {out}: folder {out.resolve().parent} does not exist")
     groups = group_runs(find_runs(paths), group_by)
-    if not any(_finite(r.get(y)) for runs in groups.values() for rows in runs for r in rows):
+    if not any(is_finite_number(r.get(y)) for runs in groups.values() for rows in runs for r in rows):
         columns = sorted({k for runs in groups.values() for rows in runs for r in rows for k in r})
         raise ConfigError(f"no finite {y!r} values in these runs; columns: {', '.join(columns)}")
     plot_curves(groups, out, title=title, y=y, band=band)

@@ -12,7 +12,7 @@ R = V x K independent *rows*. Row r = (value index i, seed index k) is exactly t
   spawned from that seed alone, so no two rows share an env seed;
 - acting and the update are `torch.func.vmap`-ed over the row axis
   (`randomness="different"`) and then compiled; the update reads every swept field from
-  the state (the algorithm's SWEEPABLE fields), so one compiled function serves all rows.
+  the state (the algorithm's `SPEC.sweepable` fields), so one compiled function serves all rows.
 
 What is reproducible row by row: the initial state, the env seeds, and the update as a
 function of (state, rollout), including PPO's minibatch permutations (drawn from a
@@ -50,7 +50,8 @@ from typing import Callable, NamedTuple
 import torch
 from tensordict import TensorDict
 
-from fnrl import aot, envs, rng
+from fnrl import envs, rng
+from fnrl.accel import aot
 from fnrl.algos.common import Agent
 from fnrl.errors import ConfigError
 from fnrl.nets.core import vmapped_rows
@@ -86,10 +87,8 @@ def supports(module) -> bool:
     """True for algorithms whose update vmaps over rows: on-policy feed-forward (ppo, a2c) and
     off-policy with row replay (the DQN family, ddpg / td3 / sac, and r2d1 with row sequence
     replay); not a central runtime (impala)."""
-    kind = getattr(module, "KIND", None)
-    if getattr(module, "RUNTIME", "serial") != "serial":
-        return False
-    return (kind == "on_policy" and hasattr(module, "SWEEPABLE")) or kind == "off_policy"
+    spec = module.SPEC
+    return spec.runtime == "serial" and (spec.off_policy or bool(spec.sweepable))
 
 
 def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None = None) -> list[Row]:
@@ -97,7 +96,7 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
 
     Raises ConfigError (before any work) for a non-positive num_seeds, an algorithm or
     config that cannot be vmapped, a sweep over a field outside the algorithm's
-    SWEEPABLE list, or a swept value the algorithm rejects.
+    `SPEC.sweepable`, or a swept value the algorithm rejects.
     """
     if not isinstance(num_seeds, int) or num_seeds < 1:
         raise ConfigError(f"--num-seeds must be a positive integer, got {num_seeds!r}")
@@ -114,12 +113,12 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
     configs = [(config, {})]
     for field, values in sweep.items():
         field = ALIASES.get(field, field)
-        if not getattr(module, "SWEEPABLE", ()):
+        if not module.SPEC.sweepable:
             raise ConfigError(f"--sweep: {name} has no sweepable fields yet; use --num-seeds, or separate runs "
                               f"(one per value of --{field.replace('_', '-')})")
-        if field not in module.SWEEPABLE:
+        if field not in module.SPEC.sweepable:
             raise ConfigError(f"--sweep {field}: not a sweepable field of {name}; "
-                              f"choose one of {', '.join(module.SWEEPABLE)}")
+                              f"choose one of {', '.join(module.SPEC.sweepable)}")
         values = list(values)
         if not values:
             raise ConfigError(f"--sweep {field}: give at least one value")
@@ -132,7 +131,7 @@ def make_rows(module, config, seed: int, num_seeds: int = 1, sweep: dict | None 
 
 def _recurrent(module) -> bool:
     """Recurrent by design (sequence replay, the carry kept by the sampler): r2d1."""
-    return getattr(module, "REPLAY", None) == "sequence"
+    return module.SPEC.replay == "sequence"
 
 
 def env_seeds(rows: list[Row], num_envs: int) -> list[int]:
@@ -198,20 +197,20 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         carry = carry.flatten(0, 1) if recurrent else None
         return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}, carry
 
-    off_policy = module.KIND == "off_policy"
+    off_policy = module.SPEC.off_policy
     randomness = {"fallback_random": True} if off_policy else {}
     eager_act_rows = act_rows
     if compile:
         act_rows = _tracing_rows(R, torch.compile(act_rows, fullgraph=True, dynamic=False, options=randomness or None))
 
-    act_keys = getattr(module, "ACT_KEYS", None)
+    act_keys = module.SPEC.act_keys
 
     def act(state, obs, carry=None, explore: bool = True):
-        if act_keys is not None:   # fewer tensors for the compiled act to guard (fnrl.train.acting_on)
+        if act_keys is not None:   # fewer tensors for the compiled act to guard (fnrl.accel.compiled.acting_on)
             state = state.select(*act_keys, strict=False)
         return act_rows(state, obs, carry if recurrent else None, explore)
 
-    if compile and not recurrent and aot.ENABLED:   # the sampler's calls ahead of time (fnrl.aot)
+    if compile and not recurrent and aot.ENABLED:   # the sampler's calls ahead of time (fnrl.accel.aot)
         act = aot.AotAct(_tracing_rows(R, eager_act_rows), act_keys, act, randomness)
 
     def update(state, rollout):

@@ -1,4 +1,4 @@
-"""The learner loop of algorithms with central inference (`RUNTIME = "central"`, IMPALA).
+"""The learner loop of algorithms with central inference (`SPEC.runtime == "central"`, IMPALA).
 
 `fnrl.train.train` hands such algorithms here. Actor processes step the envs and a
 central inference server in this process acts for them (fnrl.samplers.central); this
@@ -12,152 +12,135 @@ actor requests per inference forward).
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 import torch
 
 from fnrl import envs
-from fnrl.episodes import EpisodeStats, returns_by_row
-from fnrl.logger import interval_rows
-from fnrl.train import (CHECKPOINT, CHECKPOINT_FORMAT, TrainingError, TrainResult, _check_finite,
-                        _prepare_log_dir, load_checkpoint, save_checkpoint, write_config_json)
+from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
+from fnrl.run.folder import prepare_run_dir, write_config_json
+from fnrl.run.health import TrainingError, check_finite as finite_scalars
+from fnrl.run.progress import Progress
+from fnrl.run.result import TrainResult
 
 
-def train_central(name: str, module, config, *, seed: int, log_dir, device: str, compile: bool, quiet: bool,
-                  resume, log_interval: int | None, checkpoint_every: int | None, tensorboard: bool, plot: bool,
-                  stop_return: float | None, eval_episodes: int = 10, eval_interval: int | None = None,
-                  preset: str | None = None) -> TrainResult:
-    """Train `module` (already validated, config resolved) with actor processes and central inference.
+def train_central(plan) -> TrainResult:
+    """Train `plan` (`fnrl.run.plan.Plan`, runtime "central") with actor processes and central inference.
 
-    Arguments as `fnrl.train.train`. Raises TrainingError (one line) if an actor dies,
-    the inference server fails, or a loss becomes NaN; the last checkpoint stays intact.
+    Raises TrainingError (one line) if an actor dies, the inference server fails, or a loss
+    becomes NaN; the last checkpoint stays intact.
     """
     from fnrl.logger import Logger
-    from fnrl.samplers.central import ActorError, CentralSampler
+    from fnrl.samplers.central import ActorError
 
+    name, config, ckpt = plan.name, plan.config, plan.ckpt
+    update, state, counters, sampler, run_dir = _start(plan)
+    last_checkpoint = run_dir / CHECKPOINT
+    version = counters["updates"]
+    progress = Progress(Logger(run_dir, tensorboard=plan.tensorboard, append=ckpt is not None),
+                        f"{name} {config.env_id}", config.total_steps, quiet=plan.quiet, counters=counters,
+                        episodes=ckpt.get("episodes") if ckpt is not None else None)
+    evaluation = None
+    if plan.eval_episodes:
+        from fnrl.evaluate import RunEvaluation
+
+        evaluation = RunEvaluation(name, [config], [plan.seed], plan.eval_episodes, interval=plan.eval_interval,
+                                   start=counters["env_steps"], device=plan.device)
+
+    def checkpoint():
+        save_checkpoint(last_checkpoint, checkpoint_payload(
+            algo=name, seed=plan.seed, config=dataclasses.asdict(config), state=state, counters=counters,
+            preset=plan.preset, episodes=progress.stats.state_dict()))
+
+    steps_per_update = config.num_steps * config.num_envs * config.batch_size
+    log_interval = plan.log_interval or max(steps_per_update, config.total_steps // 100)
+    checkpoint_every = plan.checkpoint_every or max(steps_per_update, config.total_steps // 10)
+    next_log = counters["env_steps"] + log_interval
+    next_ckpt = counters["env_steps"] + checkpoint_every
+    lags: list[torch.Tensor] = []
+    metrics, seen = {}, (0, 0)   # seen: the inference server's forwards and requests at the last row
+    try:
+        sampler.start()
+        while counters["env_steps"] < config.total_steps:
+            try:
+                batch = sampler.get(config.batch_size)
+            except ActorError as e:
+                kept = (f"the last checkpoint is {last_checkpoint}" if last_checkpoint.exists()
+                        else "no checkpoint was written yet")
+                raise TrainingError(f"{e} (at env step {counters['env_steps']}); {kept}") from e
+            counters["env_steps"] += steps_per_update
+            state["env_steps"] += steps_per_update
+            lags.append((version - batch["version"])[batch["valid"]])
+            progress.add(batch)
+            state, metrics = update(state, batch.exclude("version", "episode_end", "episode_return",
+                                                         "episode_length"))
+            version += 1
+            counters["updates"] += 1
+            sampler.set_state(state, version)
+            progress.advance(steps_per_update)
+            solved = False
+            done = counters["env_steps"] >= config.total_steps
+            if counters["env_steps"] >= next_log or done:
+                next_log += log_interval
+                scalars = finite_scalars(metrics, counters["env_steps"], last_checkpoint)
+                solved = progress.close_interval(counters, plan.stop_return)
+                evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
+                extra, seen = _lag_columns(torch.cat(lags).float(), sampler, seen)
+                progress.write(counters, evaluations, [scalars], extra=extra,
+                               postfix={"lag": f"{extra['policy_lag_mean']:.1f}"})
+                lags = []
+            if solved or done or counters["env_steps"] >= next_ckpt:
+                next_ckpt += checkpoint_every
+                finite_scalars(metrics, counters["env_steps"], last_checkpoint)
+                checkpoint()
+            if solved:
+                break
+    finally:
+        sampler.close()
+        progress.close()
+        if evaluation is not None:
+            evaluation.close()
+    if plan.plot:
+        progress.logger.plot(title=f"{name} {config.env_id} seed {plan.seed}")
+    return TrainResult(state=state, return_mean=progress.stats.means()[0], history=progress.logger.rows,
+                       log_dir=run_dir, eval_returns=evaluation.returns if evaluation is not None else None)
+
+
+def _start(plan):
+    """(the update, compiled with `plan.compile`; the initial or resumed state; the counters; the
+    central sampler, not started; the run folder)."""
+    from fnrl.samplers.central import CentralSampler
+
+    name, module, config, seed, ckpt = plan.name, plan.module, plan.config, plan.seed, plan.ckpt
     spec = envs.env_spec(config.env_id, config.num_envs)
     module.validate(config, spec)
     agent = module.make(config, spec)
     # the inference thread gets its own network modules: functional_call swaps a module's
     # parameters while it runs, so one module must not serve two threads at once
     inference_act = module.make(config, spec).act
-    update = torch.compile(agent.update, fullgraph=True, dynamic=False) if compile else agent.update
-    run_dir = _prepare_log_dir(log_dir, name, config, seed, resume is not None)
-    write_config_json(run_dir, name, seed, config, preset)
-
+    update = torch.compile(agent.update, fullgraph=True, dynamic=False) if plan.compile else agent.update
+    run_dir = prepare_run_dir(plan.log_dir, name, config, seed, ckpt is not None)
+    write_config_json(run_dir, name, seed, config, plan.preset)
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
-    stats = EpisodeStats()
-    if resume is not None:
-        ckpt = load_checkpoint(resume)
+    if ckpt is not None:
         state, counters = ckpt["state"], ckpt["counters"]
         torch.set_rng_state(ckpt["torch_rng"])
         np.random.set_state(ckpt["numpy_rng"])
-        if ckpt.get("episodes") is not None:
-            stats.load_state_dict(ckpt["episodes"])
-    state = state.to(device)
-    version = counters["updates"]
-
-    steps_per_update = config.num_steps * config.num_envs * config.batch_size
-    log_interval = log_interval or max(steps_per_update, config.total_steps // 100)
-    checkpoint_every = checkpoint_every or max(steps_per_update, config.total_steps // 10)
-
-    def checkpoint():
-        save_checkpoint(run_dir / CHECKPOINT, {
-            "format": CHECKPOINT_FORMAT, "algo": name, "seed": seed, "config": dataclasses.asdict(config),
-            "state": state.cpu(), "counters": dict(counters), "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(), "episodes": stats.state_dict(), "preset": preset,
-        })
-
+    state = state.to(plan.device)
     sampler = CentralSampler(config.env_id, config.num_envs, config.num_actors, inference_act, state,
                              horizon=config.num_steps, obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype,
                              seed=seed, num_slots=config.queue_size, batch_wait_s=config.batch_wait_ms / 1000,
-                             device=device)
-    sampler.set_state(state, version)
-    logger = Logger(run_dir, tensorboard=tensorboard, append=resume is not None)
-    evaluation = bar = None
-    if eval_episodes:
-        from fnrl.evaluate import RunEvaluation
-
-        evaluation = RunEvaluation(name, [config], [seed], eval_episodes, interval=eval_interval,
-                                   start=counters["env_steps"], device=device)
-    if not quiet:
-        from tqdm import tqdm
-
-        bar = tqdm(total=config.total_steps, initial=counters["env_steps"], unit="step", dynamic_ncols=True,
-                   desc=f"{name} {config.env_id}")
-    finished: list[float] = []   # returns of the episodes finished since the last log row
-    lags: list[torch.Tensor] = []
-    next_log = counters["env_steps"] + log_interval
-    next_ckpt = counters["env_steps"] + checkpoint_every
-    metrics = {}
-    t_start = time.perf_counter() - counters["wall_s"]
-    forwards0 = requests0 = 0
-    try:
-        sampler.start()
-        t_log, steps_log = time.perf_counter(), counters["env_steps"]
-        while counters["env_steps"] < config.total_steps:
-            try:
-                batch = sampler.get(config.batch_size)
-            except ActorError as e:
-                kept = (f"the last checkpoint is {run_dir / CHECKPOINT}" if (run_dir / CHECKPOINT).exists()
-                        else "no checkpoint was written yet")
-                raise TrainingError(f"{e} (at env step {counters['env_steps']}); {kept}") from e
-            counters["env_steps"] += steps_per_update
-            state["env_steps"] += steps_per_update
-            valid = batch["valid"]
-            lags.append((version - batch["version"])[valid])
-            finished.extend(returns_by_row(batch)[0])
-            state, metrics = update(state, batch.exclude("version", "episode_end", "episode_return",
-                                                         "episode_length"))
-            version += 1
-            counters["updates"] += 1
-            sampler.set_state(state, version)
-            if bar is not None:
-                bar.update(steps_per_update)
-            solved = False
-            if counters["env_steps"] >= next_log or counters["env_steps"] >= config.total_steps:
-                next_log += log_interval
-                now = time.perf_counter()
-                scalars = _check_finite(metrics, counters["env_steps"], run_dir / CHECKPOINT)
-                stats.add([finished])
-                solved = stats.reached(stop_return)
-                counters["episodes"] += len(finished)
-                counters["wall_s"] = now - t_start
-                lag = torch.cat(lags).float()
-                forwards, requests = sampler.forwards, sampler.requests
-                shared = {"env_steps": counters["env_steps"], "updates": counters["updates"],
-                          "wall_s": round(counters["wall_s"], 3),
-                          "sps": round((counters["env_steps"] - steps_log) / max(now - t_log, 1e-9), 1),
-                          "policy_lag_mean": float(lag.mean()) if lag.numel() else float("nan"),
-                          "policy_lag_max": float(lag.max()) if lag.numel() else float("nan"),
-                          "inference_batch": (requests - requests0) / max(forwards - forwards0, 1)}
-                final = solved or counters["env_steps"] >= config.total_steps
-                evaluations = evaluation(state, counters["env_steps"], final) if evaluation is not None else None
-                for row in interval_rows(shared, stats.columns(), evaluations, [scalars], [{}]):
-                    logger.log(row)
-                finished, lags = [], []
-                t_log, steps_log, forwards0, requests0 = now, counters["env_steps"], forwards, requests
-                if bar is not None:
-                    bar.set_postfix(sps=f"{shared['sps']:.0f}", ret=f"{stats.means()[0]:.1f}",
-                                    lag=f"{shared['policy_lag_mean']:.1f}")
-            if solved or counters["env_steps"] >= next_ckpt or counters["env_steps"] >= config.total_steps:
-                next_ckpt += checkpoint_every
-                _check_finite(metrics, counters["env_steps"], run_dir / CHECKPOINT)
-                checkpoint()
-            if solved:
-                break
-    finally:
-        sampler.close()
-        if bar is not None:
-            bar.close()
-        logger.close()
-        if evaluation is not None:
-            evaluation.close()
-    if plot:
-        logger.plot(title=f"{name} {config.env_id} seed {seed}")
-    return TrainResult(state=state, return_mean=stats.means()[0], history=logger.rows, log_dir=run_dir,
-                       eval_returns=evaluation.returns if evaluation is not None else None)
+                             device=plan.device)
+    sampler.set_state(state, counters["updates"])
+    return update, state, counters, sampler, run_dir
 
 
+def _lag_columns(lag: torch.Tensor, sampler, seen: tuple[int, int]) -> tuple[dict, tuple[int, int]]:
+    """The central columns of a log row (policy lag of the interval's steps, actor requests per
+    inference forward) and the server's (forwards, requests) now."""
+    forwards, requests = sampler.forwards, sampler.requests
+    nan = float("nan")
+    return {"policy_lag_mean": float(lag.mean()) if lag.numel() else nan,
+            "policy_lag_max": float(lag.max()) if lag.numel() else nan,
+            "inference_batch": (requests - seen[1]) / max(forwards - seen[0], 1)}, (forwards, requests)

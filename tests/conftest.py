@@ -8,7 +8,7 @@ warnings.filterwarnings("ignore", module="gymnasium")
 
 def pytest_configure(config):
     """Under pytest-xdist, pin each worker to its own share of the cores (as `fnrl launch` pins its
-    slots). The training loop gives an update every core it may use (`fnrl.train.update_threads_for`),
+    slots). The training loop gives an update every core it may use (`fnrl.run.threads.update_threads_for`),
     so unpinned workers' updates fought over the same cores: on 2 cores the full suite took 29 min
     unpinned and 12.6 min pinned, the DQN-family learning tests 3-6x their time alone."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

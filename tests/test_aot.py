@@ -1,10 +1,10 @@
-"""fnrl.aot.AotFunction: a function of tensors and TensorDicts, with a gradient inside and
+"""fnrl.accel.aot.AotFunction: a function of tensors and TensorDicts, with a gradient inside and
 in-place writes into its inputs, as one AOTInductor model that gives eager's results."""
 import pytest
 import torch
 from tensordict import TensorDict
 
-from fnrl import aot
+from fnrl.accel import aot
 
 
 def sgd_step(state: TensorDict, x: torch.Tensor, lr: torch.Tensor):
@@ -73,7 +73,7 @@ def test_aot_functions_that_differ_only_inside_a_scan_body_are_different_models(
 def test_aot_serves_the_cpu_only(monkeypatch):
     """AOTInductor models serve CPU calls; CUDA calls go through torch.compile (a CUDA model's
     load crashed the process on an H200, and CUDA graphs do the models' job there)."""
-    from fnrl import aot
+    from fnrl.accel import aot
 
     assert aot.serves("cpu") and aot.serves(torch.device("cpu"))
     assert not aot.serves("cuda") and not aot.serves(torch.device("cuda", 0))

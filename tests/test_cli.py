@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fnrl import train as train_module
+from fnrl.accel import compiled
 from fnrl.cli import main
 from fnrl.train import TrainingError, load_checkpoint, train
 
@@ -56,7 +57,7 @@ def test_train_writes_outputs_eval_and_resume(tmp_path, capsys):
 
 
 def test_nan_stops_training_and_keeps_last_checkpoint(tmp_path, monkeypatch):
-    real = train_module._make_agent
+    real = compiled.make_agent
     calls = {"n": 0}
 
     def poisoned(module, config, spec, compile, **kwargs):
@@ -71,7 +72,7 @@ def test_nan_stops_training_and_keeps_last_checkpoint(tmp_path, monkeypatch):
 
         return agent._replace(update=update)
 
-    monkeypatch.setattr(train_module, "_make_agent", poisoned)
+    monkeypatch.setattr(compiled, "make_agent", poisoned)
     from fnrl.algos import ppo
 
     config = ppo.Config(total_steps=2048, num_envs=4, num_steps=32, update_epochs=1)

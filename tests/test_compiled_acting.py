@@ -7,7 +7,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from fnrl import algos, envs
-from fnrl.train import _make_agent
+from fnrl.accel.compiled import make_agent
 
 
 @pytest.mark.parametrize("name, env_id", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
@@ -15,7 +15,7 @@ def test_compiled_act_equals_eager_without_recompiles(name, env_id):
     module = algos.load(name)
     config = dataclasses.replace(algos.default_config(name), env_id=env_id, learning_starts=20)
     env = envs.make(env_id, 4, seed=0)
-    eager, compiled = (_make_agent(module, config, env.spec, compile=c) for c in (False, True))
+    eager, compiled = (make_agent(module, config, env.spec, compile=c) for c in (False, True))
     state = eager.init(0)
     obs = env.reset()["obs"]
     torch._dynamo.reset()
@@ -31,7 +31,7 @@ def test_compiled_act_equals_eager_without_recompiles(name, env_id):
             state["env_steps"] += 1
             if t == 30:   # new parameters: both act with them
                 state["params"] = state["params"].apply(lambda p: p + 0.05 * torch.randn_like(p))
-        assert compiled.act.run is not None   # served by the AOTInductor model (fnrl.aot), no Dynamo graph
+        assert compiled.act.run is not None   # served by the AOTInductor model (fnrl.accel.aot), no Dynamo graph
         assert counters["stats"]["unique_graphs"] == 0
         for t in range(3):   # evaluation acting goes to the torch.compile'd act
             torch.manual_seed(t)
@@ -49,7 +49,7 @@ def test_acting_on_passes_only_the_declared_state():
         return obs, {}, carry
 
     from tensordict import TensorDict
-    from fnrl.train import acting_on
+    from fnrl.accel.compiled import acting_on
 
     state = TensorDict({"params": {"actor": {"w": torch.ones(2)}, "critic": {"w": torch.ones(3)}},
                         "opt_state": {"mu": torch.zeros(3)}, "env_steps": torch.zeros((), dtype=torch.int64)}, [])
@@ -61,7 +61,7 @@ def test_acting_on_passes_only_the_declared_state():
 
 @pytest.mark.parametrize("name", ["dqn", "sac"])
 def test_act_keys_cover_what_act_reads(name):
-    """Eager act on only ACT_KEYS of the state equals act on the whole state."""
+    """Eager act on only `SPEC.act_keys` of the state equals act on the whole state."""
     module = algos.load(name)
     env_id = "CartPole-v1" if name == "dqn" else "Pendulum-v1"
     config = dataclasses.replace(algos.default_config(name), env_id=env_id, learning_starts=0)
@@ -73,7 +73,7 @@ def test_act_keys_cover_what_act_reads(name):
         torch.manual_seed(1)
         full = agent.act(state, obs, None, explore)[0]
         torch.manual_seed(1)
-        part = agent.act(state.select(*module.ACT_KEYS, strict=False), obs, None, explore)[0]
+        part = agent.act(state.select(*module.SPEC.act_keys, strict=False), obs, None, explore)[0]
         torch.testing.assert_close(part, full)
 
 
@@ -86,14 +86,15 @@ SKIP_GUARD_RUNS = {
 
 @pytest.mark.parametrize("name", sorted(SKIP_GUARD_RUNS))
 def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp_path, name):
-    """`train(compile=True)` skips Dynamo's guard checks once warm (fnrl.train._steady): the same
+    """`train(compile=True)` skips Dynamo's guard checks once warm (fnrl.accel.compiled.steady): the same
     parameters as with the checks, off-policy (act, replay add / sample, update) and on-policy."""
     import fnrl.train as train_mod
+    from fnrl.accel import compiled
 
     config = dataclasses.replace(algos.default_config(name), **SKIP_GUARD_RUNS[name])
     states = []
     for skip in (False, True):
-        monkeypatch.setattr(train_mod, "SKIP_GUARDS", skip)
+        monkeypatch.setattr(compiled, "SKIP_GUARDS", skip)
         result = train_mod.train(name, config, seed=3, compile=True, quiet=True, log_dir=tmp_path / str(skip),
                                  tensorboard=False, plot=False)
         states.append(result.state)
@@ -103,14 +104,14 @@ def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp
 
 
 def test_held_stance_enters_once_warm_and_leaves_on_release():
-    """The loop holds `_steady`'s stance across iterations (fnrl.train._HeldStance): entered at
+    """The loop holds `steady`'s stance across iterations (fnrl.accel.compiled.HeldStance): entered at
     the first warm `hold`, kept by later ones, left by `release` (twice is harmless)."""
-    from fnrl.train import _HeldStance
+    from fnrl.accel.compiled import HeldStance
 
     def skipping():
         return torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe
 
-    held = _HeldStance()
+    held = HeldStance()
     held.hold(False)
     assert not skipping()
     held.hold(True)
@@ -127,7 +128,7 @@ def test_aot_act_serves_training_calls_and_caches_its_package(monkeypatch, tmp_p
     second AotAct of the same policy loads the cached package instead of compiling."""
     from tensordict import TensorDict
 
-    from fnrl.aot import AotAct
+    from fnrl.accel.aot import AotAct
 
     monkeypatch.setenv("FNRL_CACHE_DIR", str(tmp_path))
 

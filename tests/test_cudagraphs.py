@@ -1,4 +1,4 @@
-"""fnrl.cudagraphs: the graphed step's bookkeeping (with a stand-in graph on any machine), the
+"""fnrl.accel.cudagraphs: the graphed step's bookkeeping (with a stand-in graph on any machine), the
 `--cuda-graphs` errors, and, on a CUDA machine, graphed learner steps equal to compiled ones."""
 import contextlib
 import dataclasses
@@ -8,7 +8,8 @@ import torch
 from tensordict import TensorDict
 
 from fnrl import algos
-from fnrl.cudagraphs import GraphedStep, GraphInputsMoved, check_cuda_graphs
+from fnrl.accel import staged
+from fnrl.accel.cudagraphs import GraphedStep, GraphInputsMoved, check_cuda_graphs
 from fnrl.errors import ConfigError
 
 
@@ -99,7 +100,7 @@ def test_fused_learner_step_keeps_its_tensors_where_a_graph_reads_them(monkeypat
     reads (the donated state, the buffer's storage, tree and rows, max priority, beta) lies at
     the same address at every update, replay writes in between included; and the step routed
     through the graph wrapper gives the parameters of the plain fused learner."""
-    import fnrl.cudagraphs as cudagraphs
+    import fnrl.accel.cudagraphs as cudagraphs
     from fnrl import replay
     from fnrl.algos import dqn
     from fnrl.learner import make_learner
@@ -168,7 +169,7 @@ def undoing_capture(graphed, args_of):
     """A stand-in for `torch.cuda.graph` around `graphed` (a GraphedStep): the capturing call
     runs the step, then its writes are undone (a capture records without running) and the
     graph's replay runs the step again on the arguments `args_of()` returns."""
-    from fnrl.cudagraphs import leaves
+    from fnrl.accel.cudagraphs import leaves
 
     @contextlib.contextmanager
     def capture(graph):
@@ -198,7 +199,7 @@ def test_graphed_ppo_update_donates_the_state_and_refills_the_minibatch_order():
     updates, written into the state passed in; one capture, then replays; the minibatch order
     of each iteration copied into one fixed tensor."""
     from fnrl.algos import ppo
-    from fnrl.cudagraphs import GraphedUpdate
+    from fnrl.accel.cudagraphs import GraphedUpdate
     from tests.test_ppo import SMALL, rollout_for
 
     agent, state, _, (rollout,) = rollout_for(SMALL)
@@ -220,11 +221,11 @@ def test_graphed_ppo_update_donates_the_state_and_refills_the_minibatch_order():
     assert graphed.perms.data_ptr() == perms_at
     assert [t.data_ptr() for t in graphed_state.values(True, True)] == leaves_before
     assert graphed.graphed.graph.replays == 2 and isinstance(metrics, TensorDict)
-    assert ppo.scan_on(torch.device("cpu")) and not ppo.scan_on(torch.device("cuda"))
+    assert staged.scan_on(torch.device("cpu")) and not staged.scan_on(torch.device("cuda"))
 
 
 def test_graphed_act_copies_the_observation_in_and_passes_other_calls_on():
-    from fnrl.cudagraphs import GraphedAct
+    from fnrl.accel.cudagraphs import GraphedAct
     from tests.test_ppo import SMALL, rollout_for
 
     agent, state, _, (rollout,) = rollout_for(SMALL)
@@ -250,7 +251,7 @@ def test_graphed_act_copies_the_observation_in_and_passes_other_calls_on():
 
 def test_graphed_on_policy_graphs_a_feed_forward_act_and_every_update():
     from fnrl.algos.common import Agent
-    from fnrl.cudagraphs import GraphedAct, GraphedUpdate, graphed_on_policy
+    from fnrl.accel.cudagraphs import GraphedAct, GraphedUpdate, graphed_on_policy
 
     agent = Agent(init=None, act=lambda *a: None, update=lambda *a: None)
     feed_forward = graphed_on_policy(agent, ("params",), recurrent=False)
@@ -270,7 +271,8 @@ def test_compiled_steps_of_a_run_read_no_number_off_the_device(monkeypatch, tmp_
     off-policy learner step failed on one such `.item()` (`benchmarks/gpu_graphs.md`)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from fnrl import aot, optim
+    from fnrl import optim
+    from fnrl.accel import aot
     from fnrl.algos import common
     from fnrl.train import train
 

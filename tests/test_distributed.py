@@ -82,9 +82,9 @@ def _cases(spec):
 def _make(name, config, spec, compile):
     """The agent as the training loop builds it (compiled or not)."""
     from fnrl import algos
-    from fnrl.train import _make_agent
+    from fnrl.accel.compiled import make_agent
 
-    return _make_agent(algos.load(name), config, spec, compile)
+    return make_agent(algos.load(name), config, spec, compile)
 
 
 def _rank_main(rank, store, cases, spec, out_dir):

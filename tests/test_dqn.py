@@ -349,7 +349,7 @@ def test_variants_are_valid_configs():
     assert set(dqn.VARIANTS) == {"dqn", "c51", "rainbow", "qrdqn", "iqn"}
     for name in dqn.VARIANTS:
         dqn.validate(dataclasses.replace(dqn.Config(), **dqn.VARIANTS[name]), SPEC)
-    assert dqn.KIND == "off_policy"
+    assert dqn.SPEC.kind == "off_policy"
 
 
 # ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from fnrl.algos import common, ppo
-from fnrl.aot import AotAct
+from fnrl.accel.aot import AotAct
 from fnrl.cli import main
 from fnrl.envs import functional
 from fnrl.errors import ConfigError
@@ -151,7 +151,7 @@ def test_vmapped_seeds_act_each_on_its_own_envs():
 
 
 def test_a_rollout_that_cannot_be_compiled_warns_once_and_collects_eagerly(monkeypatch):
-    from fnrl import aot
+    from fnrl.accel import aot
 
     def refuse(*args, **kwargs):
         raise RuntimeError("no model today\nsecond line")

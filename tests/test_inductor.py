@@ -1,9 +1,9 @@
-"""fnrl.inductor: the torch-version rule for Inductor's loop reordering, and compiling with
+"""fnrl.accel.inductor: the torch-version rule for Inductor's loop reordering, and compiling with
 `cpp_wrapper` on the CPU only."""
 import torch
 from tensordict import TensorDict
 
-from fnrl import inductor
+from fnrl.accel import inductor
 
 
 def test_release_parses_torch_versions_and_the_rule_follows_it():

@@ -117,13 +117,13 @@ def test_compiled_update_equals_eager_and_does_not_recompile(monkeypatch, ahead_
     """Compiled updates equal eager ones: the torch.compile'd pieces without recompiling on a
     second rollout, the whole iteration ahead of time (no fallback), which hands a rollout
     laid out otherwise to the compiled pieces, and the minibatch steps as a loop of one
-    compiled step (what a GPU runs, `ppo.scan_on`)."""
+    compiled step (what a GPU runs, `fnrl.accel.staged.scan_on`)."""
     import warnings
 
-    from fnrl import aot
+    from fnrl.accel import aot, staged
 
     monkeypatch.setattr(aot, "ENABLED", ahead_of_time)
-    monkeypatch.setattr(ppo, "scan_on", lambda device: scan)
+    monkeypatch.setattr(staged, "scan_on", lambda device: scan)
     agent, state, spec, (ro1, ro2) = rollout_for(SMALL, collects=2)
     compiled = ppo.make(SMALL, spec, compile=True)
     torch.manual_seed(3)

@@ -369,7 +369,7 @@ def test_bad_settings_are_config_errors(overrides, match):
 def test_variants():
     assert default_config("ddpg").algo == "ddpg" and default_config("ddpg").num_critics == 1
     assert default_config("td3").policy_delay == 2 and default_config("td3").num_critics == 2
-    assert default_config("sac").algo == "sac" and qpg.KIND == "off_policy"
+    assert default_config("sac").algo == "sac" and qpg.SPEC.kind == "off_policy"
 
 
 # ---------------------------------------------------------------------------

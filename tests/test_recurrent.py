@@ -300,7 +300,7 @@ def test_evaluation_resets_the_carry_at_episode_starts(monkeypatch):
     from fnrl import evaluate
 
     seen = []
-    make_agent = evaluate._make_agent
+    make_agent = evaluate.make_agent
 
     def recording_agent(*args, **kwargs):
         agent = make_agent(*args, **kwargs)
@@ -311,7 +311,7 @@ def test_evaluation_resets_the_carry_at_episode_starts(monkeypatch):
 
         return agent._replace(act=act)
 
-    monkeypatch.setattr(evaluate, "_make_agent", recording_agent)
+    monkeypatch.setattr(evaluate, "make_agent", recording_agent)
     config = dataclasses.replace(RPPO, env_id="fnrltest/CountTerm-v0", num_envs=1, num_minibatches=1)
     env = envs.make(config.env_id, 1, seed=0)
     state = ppo.make(config, env.spec).init(0)

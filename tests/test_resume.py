@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from fnrl import train as training
+from fnrl.loops import off_policy, serial
+from fnrl.replay import snapshot as replay_snapshot
 from fnrl.algos import default_config, dqn, ppo, qpg
 
 PPO = ppo.Config(num_envs=4, num_steps=16, total_steps=4 * 4 * 16)   # 4 iterations; episodes span them
@@ -38,7 +40,7 @@ def _same(a, b) -> bool:
 
 def _stop_after_checkpoint(monkeypatch, n: int = 1):
     """Make `train` stop (KeyboardInterrupt) right after its n-th checkpoint; returns the undo."""
-    save = training.save_checkpoint
+    save = serial.save_checkpoint
     written = []
 
     def save_then_stop(path, payload):
@@ -47,8 +49,8 @@ def _stop_after_checkpoint(monkeypatch, n: int = 1):
         if len(written) == n:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(training, "save_checkpoint", save_then_stop)
-    return lambda: monkeypatch.setattr(training, "save_checkpoint", save)
+    monkeypatch.setattr(serial, "save_checkpoint", save_then_stop)
+    return lambda: monkeypatch.setattr(serial, "save_checkpoint", save)
 
 
 @pytest.mark.parametrize("sampler", ["graph", "serial"])
@@ -102,21 +104,21 @@ def test_an_off_policy_run_resumes_with_its_replay_and_says_when_it_cannot(tmp_p
     ckpt = training.load_checkpoint(tmp_path / "run")
     assert ckpt["sampler_state"] is None and ckpt["replay"].steps_written == rows
     seen = []
-    resumed_replay = training._resumed_replay
+    resumed_replay = off_policy.resumed_replay
 
     def spy(*args):
         replay, credit = resumed_replay(*args)
         seen.append((replay.steps_written, credit))
         return replay, credit
 
-    monkeypatch.setattr(training, "_resumed_replay", spy)
+    monkeypatch.setattr(off_policy, "resumed_replay", spy)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*replay")   # no empty-replay warning
         training.train("dqn", None, resume=tmp_path / "run", **options)
-    monkeypatch.setattr(training, "_resumed_replay", resumed_replay)
+    monkeypatch.setattr(off_policy, "resumed_replay", resumed_replay)
     assert seen == [(rows, ckpt["update_credit"])]
 
-    monkeypatch.setattr(training.replay_snapshot, "CHECKPOINT_BYTES", 0)
+    monkeypatch.setattr(replay_snapshot, "CHECKPOINT_BYTES", 0)
     restore = _stop_after_checkpoint(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         training.train("dqn", config, seed=0, log_dir=tmp_path / "big", checkpoint_every=half, **options)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fnrl import envs, rng, seeds
+from fnrl.accel import staged
 from fnrl.algos import a2c, ppo, r2d1
 from fnrl.cli import main
 from fnrl.errors import ConfigError
@@ -122,8 +123,8 @@ def compiled_rows():
 
 
 def test_compiled_vmapped_update_as_a_loop_equals_eager(monkeypatch):
-    """The vmapped minibatch steps as a loop of one compiled step (what a GPU runs, `ppo.scan_on`)."""
-    monkeypatch.setattr(ppo, "scan_on", lambda device: False)
+    """The vmapped minibatch steps as a loop of one compiled step (what a GPU runs, `fnrl.accel.staged.scan_on`)."""
+    monkeypatch.setattr(staged, "scan_on", lambda device: False)
     rows, eager, state, rollout = vmapped_run(ppo, FIXED_CLIP, seed=0, num_seeds=2, explore=True)
     looped = seeds.make_agent(ppo, rows, envs.env_spec(SMALL.env_id, 2 * SMALL.num_envs), SMALL.num_envs,
                               compile=True)

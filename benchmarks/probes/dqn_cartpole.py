@@ -147,7 +147,7 @@ def breakdown(config: dqn.Config, reps: int) -> list[tuple[str, float, str]]:
     obs = env.reset()["obs"]
     rows = []
     act_eager = median_us(lambda: agent.act(state, obs, None, True), reps)
-    # fnrl.train acts through fnrl.aot.AotAct; this is its torch.compile fallback
+    # fnrl.train acts through fnrl.accel.aot.AotAct; this is its torch.compile fallback
     compiled_act = torch.compile(agent.act, fullgraph=True, options={"fallback_random": True})
     act_compiled = median_us(lambda: compiled_act(state, obs, None, True), reps)
     action = agent.act(state, obs, None, True)[0]

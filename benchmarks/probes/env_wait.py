@@ -41,9 +41,10 @@ import torch
 
 from fnrl import envs
 from fnrl.algos import common, ppo
-from fnrl.aot import AotAct
+from fnrl.accel.aot import AotAct
 from fnrl.samplers import SerialSampler
-from fnrl.train import _HeldStance, _intra_op_threads
+from fnrl.accel.compiled import HeldStance
+from fnrl.run.threads import intra_op_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
 from machine import cpu_model, prepend_report  # noqa: E402
@@ -98,7 +99,7 @@ def contenders(num_envs: int) -> tuple[dict, list]:
 def rounds(num_envs: int, n: int) -> dict[str, float]:
     """Median microseconds per env step (all envs) of each contender over n alternating rounds."""
     runs, owned = contenders(num_envs)
-    stance = _HeldStance()
+    stance = HeldStance()
     for _ in range(3):   # builds (AOTInductor compiles or cache loads) and warm-up
         for run in runs.values():
             run()
@@ -138,14 +139,14 @@ def iterations(update_threads: int, blocks: int) -> dict[str, tuple[float, float
         rollout = samplers[name].collect(states[name])
         states[name]["env_steps"].add_(B * T)
         collected = time.perf_counter()
-        with _intra_op_threads(update_threads):
+        with intra_op_threads(update_threads):
             states[name], _ = agent.update(states[name], rollout)
         return collected - t, time.perf_counter() - collected
 
     for _ in range(2):
         for name in samplers:
             iteration(name)
-    stance = _HeldStance()
+    stance = HeldStance()
     stance.hold(True)
     try:
         for _ in range(blocks):

@@ -3,7 +3,7 @@
 Under torch.compile, `fnrl.nets.Linear` computes a product of at most `FEW_ROWS` rows and
 `FEW_ROWS_MACS` multiply-adds as a broadcast product summed over its inputs instead of a
 GEMM (see its docstring): the acting step of one to a few envs. This script compares two
-ahead-of-time acting models of the same agent (`fnrl.aot.AotAct`), one traced with
+ahead-of-time acting models of the same agent (`fnrl.accel.aot.AotAct`), one traced with
 `FEW_ROWS = 0` (every layer a GEMM: fnrl before this rule) and one with fnrl's default:
 
 - **alone**: each model called in a tight loop on the same state and observation,
@@ -33,7 +33,8 @@ import torch
 
 import fnrl.nets.core as core
 import fnrl.train as train_mod
-from fnrl import algos, aot, envs
+from fnrl import algos, envs
+from fnrl.accel import aot, compiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine, suite
 from machine import cpu_model  # noqa: E402
@@ -88,7 +89,7 @@ def act_models(algo: str, settings: dict) -> tuple[dict, object, torch.Tensor]:
     config = _config(algo, settings, None)
     env = envs.make(config.env_id, config.num_envs, seed=0)
     try:
-        agent = train_mod._make_agent(module, config, env.spec, compile=True)
+        agent = compiled.make_agent(module, config, env.spec, compile=True)
         obs = env.reset()["obs"]
     finally:
         env.close()
@@ -102,7 +103,7 @@ def act_models(algo: str, settings: dict) -> tuple[dict, object, torch.Tensor]:
 def in_loop(algo: str, settings: dict, total_steps: int, start: int, block: int) -> dict:
     """Wall µs per env step in each side's blocks of one training run."""
     spent = {side: [0.0, 0] for side in SIDES}
-    make_agent = train_mod._make_agent
+    make_agent = compiled.make_agent
 
     def make_alternating_agent(module, config, spec, compile, *args, **kwargs):
         agent = make_agent(module, config, spec, compile, *args, **kwargs)
@@ -127,13 +128,13 @@ def in_loop(algo: str, settings: dict, total_steps: int, start: int, block: int)
 
         return agent._replace(act=act)
 
-    train_mod._make_agent = make_alternating_agent
+    compiled.make_agent = make_alternating_agent
     try:
         with tempfile.TemporaryDirectory() as tmp:
             train_mod.train(algo, _config(algo, settings, total_steps), seed=1, log_dir=Path(tmp) / "run",
                             quiet=True, tensorboard=False, plot=False, threads=1)
     finally:
-        train_mod._make_agent = make_agent
+        compiled.make_agent = make_agent
     return {side: 1e6 * t / n for side, (t, n) in spent.items()}
 
 

@@ -5,7 +5,7 @@ process (the host's speed drifts between runs, not between neighbouring rounds):
 
 - `serial + EnvPool`: `fnrl train`'s default path: the serial sampler over EnvPool (EnvPool's
   C++ calls, `fnrl.envs.batched.EnvPoolCalls`), acting through the AOTInductor model
-  (`fnrl.aot.AotAct`), the writes and the episode bookkeeping in numpy;
+  (`fnrl.accel.aot.AotAct`), the writes and the episode bookkeeping in numpy;
 - `alternating + EnvPool`: `fnrl.samplers.alternating`: the envs in two EnvPools of B/2, the
   policy acting on one half while EnvPool's worker steps the other (same model, same
   bookkeeping once per collect as the serial sampler);
@@ -43,12 +43,13 @@ from torch._higher_order_ops.scan import scan
 
 from fnrl import envs
 from fnrl.algos import ppo
-from fnrl.aot import AotAct, AotFunction
+from fnrl.accel.aot import AotAct, AotFunction
 from fnrl.envs import functional
 from fnrl.samplers import SerialSampler
 from fnrl.samplers.alternating import AlternatingSampler
 from fnrl.samplers.graph import GraphSampler
-from fnrl.train import _HeldStance, _intra_op_threads, update_threads_for
+from fnrl.accel.compiled import HeldStance
+from fnrl.run.threads import intra_op_threads, update_threads_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
 from machine import cpu_model  # noqa: E402
@@ -162,7 +163,7 @@ def rollout_rounds(num_envs: int, rounds: int) -> dict[str, float]:
                   "graph sampler": lambda: graph.collect(state), "raw EnvPool": raw,
                   "raw functional": raw_functional.collect}
     times = {k: [] for k in contenders}
-    stance = _HeldStance()
+    stance = HeldStance()
     for _ in range(3):   # builds, compiles, warm-up
         for fn in contenders.values():
             fn()
@@ -205,12 +206,12 @@ def iteration_rounds(settings: dict, rounds: int) -> tuple[dict[str, float], int
                 "graph sampler": GraphSampler(functional.make("CartPole-v1", n, seed=0), act, steps)}
     states = {k: state.clone() for k in samplers}
     times = {k: [] for k in samplers}
-    stance = _HeldStance()
+    stance = HeldStance()
 
     def iteration(name):
         rollout = samplers[name].collect(states[name])
         states[name]["env_steps"].add_(n * steps)
-        with _intra_op_threads(threads):
+        with intra_op_threads(threads):
             states[name], _ = update(states[name], rollout)
 
     for _ in range(2):

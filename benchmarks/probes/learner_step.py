@@ -5,7 +5,7 @@ Two measurements, each interleaved in one process (rounds of A, B, C; a ratio is
 the per-round ratios, so a change of the host's speed between rounds cancels):
 
 1. per update, on a filled buffer: `separate` = `replay.can_sample` + `replay.sample(compiled=True)`
-   + the `torch.compile`d update (fnrl.train with FUSED_LEARNER = False), `fused` = the
+   + the `torch.compile`d update (fnrl.train with fnrl.accel.compiled.FUSED_LEARNER = False), `fused` = the
    `fnrl.learner` step through `torch.compile` (sample -> update -> priorities as one graph,
    state donated, cpp_wrapper) + `replay.can_sample`, `ahead of time` = the same step as an
    AOTInductor model called with the flat leaves (`make_learner(..., ahead_of_time=True)`);
@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import fnrl.learner as learner_mod  # noqa: E402
 import fnrl.train as train_mod  # noqa: E402
+from fnrl.loops.off_policy import init_replay  # noqa: E402
 from fnrl import algos, envs, replay, samplers  # noqa: E402
 from fnrl.learner import make_learner  # noqa: E402
 from suite import CARTPOLE_DQN, HALFCHEETAH_SAC, machine  # noqa: E402
@@ -53,7 +54,7 @@ def filled_buffer(algo: str, config, fill: int):
     buffer = None
     for _ in range(fill // (config.num_steps * config.num_envs)):
         rollout = sampler.collect(state)
-        buffer = buffer or train_mod._init_replay(config, rollout, env.spec, "cpu")
+        buffer = buffer or init_replay(config, rollout, env.spec, "cpu")
         buffer = replay.add(buffer, rollout, compiled=True)
     sampler.close()
     return agent, state, buffer

@@ -30,7 +30,8 @@ import torch
 import fnrl.nets.core as core
 from fnrl import envs, samplers, seeds
 from fnrl.algos import ppo
-from fnrl.train import _intra_op_threads, _make_agent, update_threads_for
+from fnrl.accel.compiled import make_agent
+from fnrl.run.threads import intra_op_threads, update_threads_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine, suite
 sys.path.insert(0, str(Path(__file__).resolve().parent))       # the other probes
@@ -56,7 +57,7 @@ def _with_narrow(value: int, fn):
 def _compare(label: str, update_calls, threads: int, rounds: int) -> str:
     """`update_calls(side)` -> a function of no arguments running a few updates on that side's state."""
     sides = {name: _with_narrow(value, update_calls(name)) for name, value in SIDES.items()}
-    with _intra_op_threads(threads):
+    with intra_op_threads(threads):
         for run in sides.values():   # compile each side's graph, then warm up
             run(), run()
         med, ratio = interleaved(sides, rounds)
@@ -67,7 +68,7 @@ def _compare(label: str, update_calls, threads: int, rounds: int) -> str:
 def ppo_update(label: str, config: ppo.Config, num_seeds: int, rounds: int, calls: int = 3) -> str:
     env = envs.make(config.env_id, num_seeds * config.num_envs, seed=0)
     if num_seeds == 1:
-        agent = _make_agent(ppo, config, env.spec, compile=True)
+        agent = make_agent(ppo, config, env.spec, compile=True)
     else:
         agent = seeds.make_agent(ppo, seeds.make_rows(ppo, config, 0, num_seeds), env.spec, config.num_envs)
     state = agent.init(0)

@@ -12,7 +12,7 @@ first compiled calls are done, times every call of the loop's pieces with `perf_
 | replay add | `replay.add` of the [T, B] rollout |
 | learn | the loop's learner step (`fnrl.learner`: replay sample -> update -> priorities; one compiled graph under `compile`) and `replay.can_sample` |
 | sampler | the rest of the sampler's `collect`: its loop over the steps, `Lane.act`'s and `Lane.begin`'s own Python |
-| checkpoint | `fnrl.train.save_checkpoint` (the replay included): the window ends with the run's last checkpoint, which a short window holds once where the full run writes one every 10%, so it has its own row |
+| checkpoint | `fnrl.run.checkpoint.save_checkpoint` (the replay included): the window ends with the run's last checkpoint, which a short window holds once where the full run writes one every 10%, so it has its own row |
 | rest | wall time of the window minus the pieces above: the training loop's own Python (counters, episode returns, the update cadence), logging and checkpoints at the cadence of the full run (`FULL_RUN`) |
 | timers | this script's own wrappers around the timed calls (calibrated on a no-op, times the number of calls); subtracted from the rows whose time holds them |
 
@@ -39,6 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: ma
 
 import fnrl.train as train_mod  # noqa: E402
 from fnrl import algos, replay  # noqa: E402
+from fnrl import learner as learner_steps  # noqa: E402
+from fnrl.accel import compiled  # noqa: E402
+from fnrl.loops import serial  # noqa: E402
 from fnrl.envs.batched import BatchedEnv  # noqa: E402
 from fnrl.samplers.lane import Lane  # noqa: E402
 from fnrl.samplers.serial import SerialSampler  # noqa: E402
@@ -106,7 +109,7 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
     prof = cProfile.Profile() if use_cprofile else None
     window = {}
 
-    make_agent, make_learner = train_mod._make_agent, train_mod._make_learner
+    make_agent, make_learner = compiled.make_agent, learner_steps.make_learner
     updates = [0]
 
     def make_timed_agent(*args, **kwargs):
@@ -127,7 +130,7 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
 
         return learn
 
-    train_mod._make_agent, train_mod._make_learner = make_timed_agent, make_timed_learner
+    compiled.make_agent, learner_steps.make_learner = make_timed_agent, make_timed_learner
     BatchedEnv.step_arrays = clock.wrap("env", BatchedEnv.step_arrays)
     BatchedEnv.step_raw = clock.wrap("env", BatchedEnv.step_raw)
     Lane.record = clock.wrap("record", Lane.record)
@@ -136,7 +139,7 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
     SerialSampler.collect = clock.wrap("collect", SerialSampler.collect)
     replay.add = clock.wrap("replay add", replay.add)
     replay.can_sample = clock.wrap("learn", replay.can_sample)
-    train_mod.save_checkpoint = clock.wrap("checkpoint", train_mod.save_checkpoint)
+    serial.save_checkpoint = clock.wrap("checkpoint", serial.save_checkpoint)
     with tempfile.TemporaryDirectory() as tmp:
         result = train_mod.train(algo, config, seed=1, log_dir=Path(tmp) / "run", compile=compile, quiet=True,
                                  tensorboard=False, plot=False, threads=1, log_interval=FULL_RUN[algo] // 100,
@@ -175,14 +178,14 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--warm-updates", type=int, default=20, help="updates before the timed window opens")
     p.add_argument("--cprofile", action="store_true")
-    p.add_argument("--check-guards", action="store_true", help="keep Dynamo's guard checks (fnrl.train.SKIP_GUARDS)")
+    p.add_argument("--check-guards", action="store_true", help="keep Dynamo's guard checks (fnrl.accel.compiled.SKIP_GUARDS)")
     args = p.parse_args()
-    train_mod.SKIP_GUARDS = not args.check_guards
+    compiled.SKIP_GUARDS = not args.check_guards
     load0 = os.getloadavg()
     clock, wall, steps, prof = profile(args.algo, args.steps, not args.no_compile, args.cprofile,
                                        args.warm_updates, args.learning_starts)
     load1 = os.getloadavg()
-    print(f"{args.algo} compile={not args.no_compile} skip_guards={train_mod.SKIP_GUARDS}: {steps} env steps in the window, "
+    print(f"{args.algo} compile={not args.no_compile} skip_guards={compiled.SKIP_GUARDS}: {steps} env steps in the window, "
           f"load {load0[0]:.2f} -> {load1[0]:.2f}")
     per_call = timer_cost()
     print(f"one timer: {per_call * 1e6:.2f} µs a call")

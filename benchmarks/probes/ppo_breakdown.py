@@ -6,9 +6,9 @@ iteration = collect a [128, B] rollout + one update, as `fnrl.train` runs it. Va
 each in its own process, one after the other:
 
 - `serial, compiled act`: as `fnrl train` runs it: the serial sampler, `act` compiled ahead
-  of time (`fnrl.aot.AotAct`) on `ppo.ACT_KEYS` of the state, the compiled update (`prepare`
+  of time (`fnrl.accel.aot.AotAct`) on `ppo.ACT_KEYS` of the state, the compiled update (`prepare`
   + all minibatch steps in one `scan`; on 1 thread here, see `threads.py` for 2),
-  TorchDynamo's guard checks skipped once warm (`fnrl.train._steady`);
+  TorchDynamo's guard checks skipped once warm (`fnrl.accel.compiled.steady`);
 - `serial, eager act`: the same with `act` eager (`fnrl.nets.call` swaps the parameters
   straight into the modules);
 - `alternating, eager act`: two EnvPool groups of B/2 whose steps overlap the policy;
@@ -41,8 +41,8 @@ import torch
 
 from fnrl import envs, samplers
 from fnrl.algos import ppo
-from fnrl.aot import AotAct
-from fnrl.train import _steady, acting_on
+from fnrl.accel.aot import AotAct
+from fnrl.accel.compiled import acting_on, steady
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
 from machine import cpu_model  # noqa: E402
@@ -98,7 +98,7 @@ class Variant:
         self.state = agent.init(0)
         self.timed = Timed()
         act = agent.act
-        if compile_act:   # as fnrl.train._make_agent compiles it
+        if compile_act:   # as fnrl.accel.compiled.make_agent compiles it
             fallback = acting_on(ppo.ACT_KEYS, torch.compile(agent.act, fullgraph=True, dynamic=False,
                                                              options={"cpp_wrapper": True}))
             act = AotAct(agent.act, ppo.ACT_KEYS, fallback)
@@ -117,7 +117,7 @@ class Variant:
     def iteration(self):
         warm = self.iterations > 0
         t = time.perf_counter()
-        with _steady(warm):
+        with steady(warm):
             rollout = self.collect(self.state)
             self.state["env_steps"] += self.steps
             self.state, _ = self.update(self.state, rollout)

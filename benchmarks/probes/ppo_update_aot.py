@@ -1,8 +1,8 @@
 """PPO's update ahead of time vs `torch.compile`d pieces, interleaved in one process.
 
 `ppo.make(config, spec, compile=True)` serves its update with one AOTInductor model of the
-whole iteration (advantages, every epoch and minibatch, metrics; `fnrl.aot`) where
-`fnrl.aot.ENABLED`; with it off, the same pieces run `torch.compile`d (prepare, then the
+whole iteration (advantages, every epoch and minibatch, metrics; `fnrl.accel.aot`) where
+`fnrl.accel.aot.ENABLED`; with it off, the same pieces run `torch.compile`d (prepare, then the
 scan over minibatches). Both contenders are built side by side, checked to give the same
 parameters, then timed in alternating rounds on one rollout collected by the policy, on
 three settings: `fnrl train ppo`'s default (8 envs x 32 steps, 20 epochs x 1 minibatch),
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fnrl import aot, envs
+from fnrl import envs
+from fnrl.accel import aot
 from fnrl.algos import ppo
 from fnrl.samplers import SerialSampler
 

@@ -3,7 +3,7 @@
 Same settings for all: 256-256 MLPs, batch 256, one gradient update per env step, one env,
 one torch thread outside the update. Two numbers per implementation, algorithm and update
 thread count (1, and every core: what `fnrl train` picks for these updates, see
-`fnrl.train.update_threads_for`; SB3 runs its whole loop at that count, torch's default
+`fnrl.run.threads.update_threads_for`; SB3 runs its whole loop at that count, torch's default
 being every core):
 
 - updates/s: gradient updates per second on a replay already holding 2,000 random steps
@@ -69,7 +69,7 @@ def fnrl_updates_per_second(algo: str, compiled: bool, n: int, threads: int = 1)
     from fnrl import envs, replay
     from fnrl.algos import qpg
     from fnrl.samplers import SerialSampler
-    from fnrl.train import _intra_op_threads
+    from fnrl.run.threads import intra_op_threads
 
     cfg = fnrl_config(algo, 0)
     env = envs.make(ENV, 1, seed=0)
@@ -86,7 +86,7 @@ def fnrl_updates_per_second(algo: str, compiled: bool, n: int, threads: int = 1)
 
     def step(state):
         batch = replay.sample(buffer, cfg.batch_size, compiled=compiled)
-        with _intra_op_threads(threads):   # as the training loop calls it
+        with intra_op_threads(threads):   # as the training loop calls it
             return update(state, batch)
 
     for _ in range(3):  # compile / warm up
@@ -248,7 +248,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     where = machine()
     cores = len(os.sched_getaffinity(0))
-    from fnrl.train import update_threads_for
+    from fnrl.run.threads import update_threads_for
 
     rows = []
     for algo in ("sac", "td3"):

@@ -82,7 +82,7 @@ def update_worker(burn_in: int, seq_len: int, batch: int, compiled: bool, update
     from fnrl.algos import r2d1
     from fnrl.replay import sequence
     from fnrl.samplers import SerialSampler
-    from fnrl.train import _init_sequence_replay
+    from fnrl.loops.off_policy import init_sequence_replay
 
     torch.set_num_threads(1)
     cfg = atari(burn_in=burn_in, seq_len=seq_len, batch_size=batch, buffer_size=32 * 400, learning_starts=0)
@@ -94,7 +94,7 @@ def update_worker(burn_in: int, seq_len: int, batch: int, compiled: bool, update
     while buffer is None or not sequence.can_sample(buffer, batch):
         rollout = sampler.collect(state)
         data, priority = r2d1.sequence_input(cfg, rollout)
-        buffer = buffer or _init_sequence_replay(cfg, data, env.spec, "cpu")
+        buffer = buffer or init_sequence_replay(cfg, data, env.spec, "cpu")
         buffer = sequence.add(buffer, data, priority)
     env.close()
     update = torch.compile(agent.update, fullgraph=True) if compiled else agent.update

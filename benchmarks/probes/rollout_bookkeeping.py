@@ -7,7 +7,7 @@ terminated and truncated per step (`Lane.record_raw`) and computes the rest for 
 at once after the loop (`BatchedEnv.finish_steps`, cumulative sums over t). Both give the
 same rollouts (`tests/test_envs.py`). This script times `collect` both ways, interleaved
 (A, B, A, B, ...; the median of the per-round ratios) on two samplers over identically
-seeded envs, with PPO's compiled act (`fnrl.aot.AotAct`, as `fnrl train` acts) and the
+seeded envs, with PPO's compiled act (`fnrl.accel.aot.AotAct`, as `fnrl train` acts) and the
 rollout length of the benchmarks (CleanRL's 128 steps; DQN CartPole's 10 steps at 1 env).
 
     python benchmarks/probes/rollout_bookkeeping.py [--envs 1,4,64] [--rounds 31] [--out FILE]
@@ -24,7 +24,7 @@ import torch
 
 from fnrl import envs, samplers
 from fnrl.algos import ppo
-from fnrl.train import _make_agent
+from fnrl.accel.compiled import make_agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine, suite
 sys.path.insert(0, str(Path(__file__).resolve().parent))       # the other probes
@@ -39,7 +39,7 @@ def measure(num_envs: int, rounds: int) -> str:
     horizon = 10 if num_envs == 1 else 128
     config = ppo.Config(**{**CARTPOLE_PPO, "num_envs": num_envs, "num_steps": horizon, "num_minibatches": 1})
     pair = {name: envs.make("CartPole-v1", num_envs, seed=0) for name in ("per_step", "per_rollout")}
-    agent = _make_agent(ppo, config, pair["per_step"].spec, compile=True)
+    agent = make_agent(ppo, config, pair["per_step"].spec, compile=True)
     state = agent.init(0)
     sampler = {name: samplers.make("serial", env, agent.act, horizon) for name, env in pair.items()}
     for s in sampler.values():   # compile the act, allocate the rollouts

@@ -1,6 +1,6 @@
 """How much the pieces of a rollout step cost in the rollout, next to what they cost alone.
 
-A serial PPO CartPole rollout step is: the compiled act (`fnrl.aot.AotAct`), EnvPool's step
+A serial PPO CartPole rollout step is: the compiled act (`fnrl.accel.aot.AotAct`), EnvPool's step
 (`send` + `recv`), the adaptor's flags and episode statistics (`BatchedEnv._wrap`) and the
 sampler's writes (`Lane.record`). Timed alone, in a tight loop of one piece, they add up to
 about half of what a `collect` costs per step. This script times each piece inside a
@@ -27,7 +27,7 @@ import torch
 
 from fnrl import envs, samplers
 from fnrl.algos import ppo
-from fnrl.train import _make_agent
+from fnrl.accel.compiled import make_agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
 sys.path.insert(0, str(Path(__file__).resolve().parent))       # the other probes
@@ -42,7 +42,7 @@ T = 128
 def measure(num_envs: int, rounds: int) -> list[str]:
     config = ppo.Config(**{**SETTINGS, "num_envs": num_envs})
     env = envs.make("CartPole-v1", num_envs, seed=0)
-    agent = _make_agent(ppo, config, env.spec, compile=True)
+    agent = make_agent(ppo, config, env.spec, compile=True)
     state = agent.init(0)
     sampler = samplers.make("serial", env, agent.act, T)
     for _ in range(3):

@@ -29,7 +29,7 @@ from tensordict import TensorDict
 
 from fnrl import envs
 from fnrl.algos import qpg
-from fnrl.train import _steady
+from fnrl.accel.compiled import steady
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
 from machine import cpu_model  # noqa: E402
@@ -57,7 +57,7 @@ class Contender:
             self.state, _ = self.update(self.state, batch)
 
     def round(self, n: int = 20) -> None:
-        with _steady(True):
+        with steady(True):
             for _ in range(n):
                 on = int(self.state["updates"]) % 2 == 0
                 t = time.perf_counter()

@@ -8,14 +8,14 @@ of the per-round ratios), so the machine's drift hits both alike:
    HalfCheetah 8 envs.
 2. A PPO CartPole rollout (eager act, serial sampler, 128 steps) with 1 EnvPool thread
    vs the default, 4 and 64 envs.
-3. The compiled PPO update (`fnrl.train.update_threads_for`) at 1 vs 2 torch threads:
+3. The compiled PPO update (`fnrl.run.threads.update_threads_for`) at 1 vs 2 torch threads:
    CleanRL's 4 envs (128-row minibatches), 32 and 64 envs x 128 (1024 and 2048 rows).
-4. A PPO CartPole rollout with the compiled act (`fnrl.aot.AotAct`, as `fnrl train`), serial
+4. A PPO CartPole rollout with the compiled act (`fnrl.accel.aot.AotAct`, as `fnrl train`), serial
    vs alternating sampler, each against 128 random-action steps of the raw envs (the
    rollout target: at most 1.5x raw at 64 envs).
 5. The Nature CNN forward + backward (256 frames, as PPO Pong's minibatch) with NCHW vs
    channels-last input (`fnrl.nets.core._ConvTorso`), eager, at `--threads` torch threads.
-6. Off-policy updates (`fnrl.train.update_threads_for`): `replay.sample` on 1 thread + the
+6. Off-policy updates (`fnrl.run.threads.update_threads_for`): `replay.sample` on 1 thread + the
    compiled update at 1 vs 2 torch threads, as the training loop calls them, on a replay of
    1,000-2,000 steps: DQN CartPole with CleanRL's 120x84 net and with fnrl's default 256x256,
    SAC Pendulum's default (64x64), SAC and TD3 with CleanRL's HalfCheetah settings (256x256),
@@ -133,7 +133,9 @@ def offpolicy_update(label: str, name: str, settings, rounds: int) -> str:
 
     import suite
     from fnrl import algos, replay
-    from fnrl.train import _init_replay, _intra_op_threads, _make_agent
+    from fnrl.accel.compiled import make_agent
+    from fnrl.loops.off_policy import init_replay
+    from fnrl.run.threads import intra_op_threads
 
     module = algos.load(name)
     if settings is None:
@@ -144,13 +146,13 @@ def offpolicy_update(label: str, name: str, settings, rounds: int) -> str:
         config = module.Config(**{k: v for k, v in settings.items() if k in fields})
     config = dataclasses.replace(config, num_steps=max(1, 1000 // config.num_envs))
     env = envs.make(config.env_id, config.num_envs, seed=0)
-    agent = _make_agent(module, config, env.spec, compile=True)
+    agent = make_agent(module, config, env.spec, compile=True)
     holder = {"state": agent.init(0)}
     sampler = samplers.make("serial", env, agent.act, config.num_steps)
     buffer = None
     for _ in range(2):
         rollout_ = sampler.collect(holder["state"])
-        buffer = buffer or _init_replay(config, rollout_, env.spec, "cpu")
+        buffer = buffer or init_replay(config, rollout_, env.spec, "cpu")
         buffer = replay.add(buffer, rollout_, compiled=True)
     sampler.close()
 
@@ -158,7 +160,7 @@ def offpolicy_update(label: str, name: str, settings, rounds: int) -> str:
         def run():
             for _ in range(calls):
                 batch = replay.sample(buffer, config.batch_size, compiled=True)
-                with _intra_op_threads(threads):
+                with intra_op_threads(threads):
                     holder["state"], _ = agent.update(holder["state"], batch)
         return run
 
@@ -170,8 +172,8 @@ def offpolicy_update(label: str, name: str, settings, rounds: int) -> str:
 
 
 def sampler_vs_raw(num_envs: int, rounds: int) -> list[str]:
-    from fnrl.aot import AotAct
-    from fnrl.train import acting_on
+    from fnrl.accel.aot import AotAct
+    from fnrl.accel.compiled import acting_on
 
     config = ppo.Config(**{**SETTINGS, "num_envs": num_envs})
     sides = {}

@@ -3,7 +3,7 @@
 PPO on CartPole-v1 with the default config (`fnrl train ppo`: 8 envs x 32 steps, 20 epochs
 x 1 minibatch, 64-64 tanh MLPs), compiled, threads=1 and the update's threads as `fnrl train`
 chooses them (`update_threads_for`: both cores for the 8 x 256-row vmapped update), guard
-checks skipped once warm (`fnrl.train._steady`). Contenders, built side by side in one
+checks skipped once warm (`fnrl.accel.compiled.steady`). Contenders, built side by side in one
 process and timed in alternating rounds (so a change in machine load hits both alike):
 
 - single: what `fnrl train ppo --seed 0` runs (8 envs; compiled act and update pieces);
@@ -31,7 +31,8 @@ import torch
 from fnrl import envs, seeds
 from fnrl.algos import ppo
 from fnrl.samplers import SerialSampler
-from fnrl.train import _intra_op_threads, _make_agent, _steady, update_threads_for
+from fnrl.accel.compiled import make_agent, steady
+from fnrl.run.threads import intra_op_threads, update_threads_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
 from machine import cpu_model  # noqa: E402
@@ -54,7 +55,7 @@ class Contender:
         self.compile, self.warm = compile, False
         if num_seeds == 1:
             self.env = envs.make(config.env_id, config.num_envs, seed=0)
-            self.agent = _make_agent(ppo, config, self.env.spec, compile)
+            self.agent = make_agent(ppo, config, self.env.spec, compile)
         else:
             rows = seeds.make_rows(ppo, config, 0, num_seeds)
             self.env = seeds.make_env(config.env_id, rows, config.num_envs)
@@ -70,11 +71,11 @@ class Contender:
         collect_s = update_s = 0.0
         for _ in range(n):
             t0 = time.perf_counter()
-            with _steady(self.warm):
+            with steady(self.warm):
                 rollout = self.sampler.collect(self.state)
             self.state["env_steps"] += self.steps_per_iter // self.width
             t1 = time.perf_counter()
-            with _steady(self.warm), _intra_op_threads(self.update_threads):
+            with steady(self.warm), intra_op_threads(self.update_threads):
                 self.state, metrics = self.agent.update(self.state, rollout)
             collect_s, update_s = collect_s + t1 - t0, update_s + time.perf_counter() - t1
         float(metrics["loss"].sum())

@@ -1,7 +1,7 @@
 """The algorithms, by command-line name.
 
-Each name maps to an algorithm module (which exposes `Config`, `KIND`, `validate`,
-`make(config, env_spec) -> Agent`) and a variant: a set of `Config` overrides that the
+Each name maps to an algorithm module (which exposes `Config`, `validate`,
+`make(config, env_spec) -> Agent` and `SPEC`, its `fnrl.algos.spec.AlgorithmSpec`) and a variant: a set of `Config` overrides that the
 module publishes in its `VARIANTS` dict (e.g. `c51` is DQN with a categorical head).
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 from types import ModuleType
 
+from fnrl.algos.spec import AlgorithmSpec, check_module
 from fnrl.errors import ConfigError
 
 ALGOS: dict[str, str] = {
@@ -34,10 +35,18 @@ def available() -> list[str]:
 
 
 def load(name: str) -> ModuleType:
-    """The module of algorithm `name` (ConfigError if unknown)."""
+    """The module of algorithm `name` (ConfigError if unknown), checked against the contract of
+    `fnrl.algos.spec` (TypeError naming what it lacks)."""
     if name not in ALGOS or importlib.util.find_spec(ALGOS[name]) is None:
         raise ConfigError(f"unknown algorithm {name!r}; choose one of: {', '.join(available())}")
-    return importlib.import_module(ALGOS[name])
+    module = importlib.import_module(ALGOS[name])
+    check_module(name, module)
+    return module
+
+
+def spec(name: str) -> AlgorithmSpec:
+    """The declared `AlgorithmSpec` of algorithm `name`."""
+    return load(name).SPEC
 
 
 def default_config(name: str):

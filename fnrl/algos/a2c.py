@@ -21,17 +21,18 @@ from tensordict import TensorDict
 from fnrl import losses, optim
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
                                masked_mean)
+from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.returns import gae
 
-KIND = "on_policy"
 ACT_KEYS = ("params",)
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 SWEEPABLE = ("learning_rate", "ent_coef", "vf_coef", "gamma", "gae_lambda")
 """Config fields held as tensors in the state (`state["hp"]`, the optimizer's stored rate),
 so `fnrl train a2c --sweep FIELD=v1,v2` can train several values in one vmapped process."""
+SPEC = AlgorithmSpec(kind="on_policy", act_keys=ACT_KEYS, sweepable=SWEEPABLE)
 
 
 @dataclass

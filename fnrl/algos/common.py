@@ -163,7 +163,7 @@ def switch(pred: torch.Tensor, on_true: Callable, on_false: Callable, carry: tup
     costs nothing. Under vmap (seeds), where torch.cond with gradients in its branches does
     not trace, both branches run and each row takes its own with `torch.where`; so they do on
     a GPU, where Inductor's cond reads the predicate on the host: a sync per call, which also
-    forbids capturing the step in a CUDA graph (`fnrl.cudagraphs`). The TensorDicts cross as
+    forbids capturing the step in a CUDA graph (`fnrl.accel.cudagraphs`). The TensorDicts cross as
     leaves, in one flat tuple with the outputs.
     """
     if _plain_eager():

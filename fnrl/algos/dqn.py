@@ -33,19 +33,20 @@ from tensordict import TensorDict
 
 from fnrl import losses, optim
 from fnrl.algos.common import Agent, check_positive, gradient_step, initializing, require_discrete
+from fnrl.algos.spec import AlgorithmSpec
 from fnrl.distributions import epsilon_greedy
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.nets import call, parameters
 from fnrl.nets.q import QNetwork
 
-KIND = "off_policy"
 SWEEPABLE = ("learning_rate", "gamma")
 """Config fields `fnrl train dqn --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
 the learning rate is held in the optimizer state (`optim.scale_by_stored_learning_rate`) and gamma
 only in the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
 ACT_KEYS = ("params", "env_steps")
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
+SPEC = AlgorithmSpec(kind="off_policy", replay="row", act_keys=ACT_KEYS, sweepable=SWEEPABLE)
 HEADS = ("q", "categorical", "quantile", "iqn")
 
 

@@ -35,12 +35,12 @@ from tensordict import TensorDict
 from fnrl import losses, optim
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
                                masked_mean)
+from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.returns import vtrace
 
-KIND = "on_policy"
-RUNTIME = "central"
+SPEC = AlgorithmSpec(kind="on_policy", runtime="central")
 """train() hands this algorithm to fnrl.train_central (actor processes + central inference)."""
 
 

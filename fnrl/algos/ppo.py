@@ -19,33 +19,37 @@ and minibatches split only the env dimension (whole sequences).
 
 `update` is pure. Compiled (`make(..., compile=True)`) on the CPU, a feed-forward policy's
 whole iteration (advantages, every epoch and minibatch, the metrics) runs as one AOTInductor
-model (`fnrl.aot`), given the minibatch order; elsewhere (a recurrent core, a rollout laid out
+model (`fnrl.accel.aot`), given the minibatch order; elsewhere (a recurrent core, a rollout laid out
 otherwise than the first one, or a model that cannot be built) its pieces run
 `torch.compile`d. On a GPU the pieces run `torch.compile`d, the minibatch steps as a loop of
-one compiled step (`scan_on`), which `fnrl train --cuda-graphs` replays from one CUDA graph.
+one compiled step (`fnrl.accel.staged.scan_on`), which `fnrl train --cuda-graphs` replays from one
+CUDA graph.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
 
-from fnrl import aot, losses, optim, rng
+from fnrl import losses, optim, rng
+from fnrl.accel.staged import staged_update
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
                                masked_mean, scan_steps, shares_torso)
+from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 from fnrl.returns import gae, reverse_linear_recurrence
 
-KIND = "on_policy"
 ACT_KEYS = ("params", "obs_rms")
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 
 SWEEPABLE = ("learning_rate", "ent_coef", "vf_coef", "clip_coef", "gamma", "gae_lambda")
 """Config fields held as tensors in the state (`state["hp"]`, the optimizer's stored rate),
 so `fnrl train ppo --sweep FIELD=v1,v2` can train several values in one vmapped process."""
+SPEC = AlgorithmSpec(kind="on_policy", act_keys=ACT_KEYS, sweepable=SWEEPABLE)
 
 
 @dataclass
@@ -158,29 +162,151 @@ def _permutations(seed: int, env_steps: int, epochs: int, size: int) -> torch.Te
     return torch.stack([torch.randperm(size, generator=g) for _ in range(epochs)])
 
 
-def scan_on(device: torch.device) -> bool:
-    """Whether a compiled update runs its minibatch steps as one `scan` on `device` (the CPU),
-    or as a Python loop of one compiled minibatch step (CUDA).
+def _clip_range(config: Config, hp, env_steps):
+    """The clipping range: clip_coef, annealed linearly to 0 over total_steps with anneal_clip."""
+    if not config.anneal_clip:
+        return hp["clip_coef"]
+    progress = env_steps.to(torch.float32) / config.total_steps
+    return hp["clip_coef"] * (1.0 - progress).clamp(min=0.0)
 
-    On the CPU the scan saves TorchDynamo's guard check and Python between the minibatch
-    steps (`benchmarks/probes/ppo_update_aot.md`). On a GPU that host time overlaps the kernels,
-    and `fnrl train --cuda-graphs` replays the whole loop as one launch
-    (`fnrl.cudagraphs.GraphedUpdate`): the loop is the path checked on a GPU
-    (`tests/test_cudagraphs.py`)."""
-    return device.type != "cuda"
+
+def _epochs(step, rows: bool, clip_range):
+    """`train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp)`: every step of
+    `step` (one minibatch step; of K rows when `rows`, every argument [K, ...]) in order over
+    the minibatch indices perms [(K,) E * M, mb] -> (params, opt_state, metrics [(K,) E * M],
+    clip range). Inside a compiled graph the steps are one scan (`scan_steps`), outside it a
+    Python loop (the GPU's loop of one compiled step, `fnrl.accel.staged.scan_on`).
+
+    The clip range is computed here, inside the graph that holds the scan: passed in from
+    `prepare` it could alias hp["clip_coef"] (it is that tensor without annealing), and a
+    higher-order op refuses operands that alias (for rows, the vmapped range is copied)."""
+    def train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp):
+        clip = torch.func.vmap(clip_range)(hp, env_steps).clone() if rows else clip_range(hp, env_steps)
+
+        def body(carry, index):
+            params, opt_state, metrics = step(*carry, flat, index, clip, kl_coef, hp)
+            return (params, opt_state), metrics
+
+        (params, opt_state), history = scan_steps(body, (params, opt_state),
+                                                  perms.transpose(0, 1) if rows else perms)
+        return params, opt_state, {k: v.transpose(0, 1) for k, v in history.items()} if rows else history, clip
+    return train_epochs
+
+
+def _loss(config: Config, dist, forward):
+    """`loss(params, mb, clip, kl_coef, hp) -> (loss, metrics)` of PPO with action distribution
+    `dist` and `forward(params, batch) -> (dist params, value)`."""
+    def loss(params, mb, clip, kl_coef, hp):
+        """The minibatch loss: surrogate (clipped, or KL-penalized) + vf_coef x value loss -
+        ent_coef x entropy, averaged over valid steps; and its metrics."""
+        d, value = forward(params, mb)
+        logp = dist.log_prob(*d, mb["action"])
+        valid = mb["valid"]
+        adv = mb["advantage"]
+        if config.norm_adv:
+            mean = masked_mean(adv, valid)
+            std = masked_mean((adv - mean) ** 2, valid).sqrt()
+            adv = (adv - mean) / (std + 1e-8)
+        if config.penalty == "clip":
+            pg, clipped = losses.clipped_surrogate_loss(logp, mb["logp"], adv, clip)
+        else:
+            old = tuple(mb[f"old_dist{i}"] for i in range(len(d)))
+            pg = losses.kl_penalty_loss(logp, mb["logp"], adv, dist.kl(old, d), kl_coef)
+            clipped = ((logp - mb["logp"]).exp() - 1).abs().gt(clip).to(logp.dtype)
+        if config.clip_vloss:
+            v_loss = losses.clipped_value_loss(value, mb["value"], mb["target"], clip)
+        else:
+            v_loss = losses.squared_loss(value - mb["target"])
+        entropy = dist.entropy(*d)
+        total = masked_mean(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy, valid)
+        return total, {
+            "loss/policy": masked_mean(pg, valid).detach(),
+            "loss/value": masked_mean(v_loss, valid).detach(),
+            "loss/entropy": masked_mean(entropy, valid).detach(),
+            "approx_kl": masked_mean(losses.approx_kl(logp, mb["logp"]), valid).detach(),
+            "clipfrac": masked_mean(clipped, valid).detach(),
+        }
+
+    return loss
+
+
+def _preparation(config: Config, rnn, policy, observe, value_in_act: bool, T: int, B: int):
+    """`prepare(state, rollout, last_obs) -> (state, flat batch, explained variance)`: advantages,
+    targets and the normalizers' updates."""
+    recurrent = config.core != "none"
+    n = T * B
+
+    def prepare(state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor):
+        """Advantages, targets and normalizer updates: the training batch ([T*B] steps, or
+        [T, B] sequences for a recurrent policy). last_obs [B, ...]: the observation after
+        the rollout's last step (rollout["next_obs"][-1])."""
+        params, hp = state["params"], state["hp"]
+        new_state = state.copy()
+        obs = observe(state, rollout["obs"])
+        reward = rollout["reward"]
+        if config.normalize_reward:
+            ret, new_state["ret"] = _forward_return(reward, rollout["done"], hp["gamma"], state["ret"])
+            rew_rms = rms_update(state["rew_rms"], ret.reshape(-1), rollout["valid"].reshape(-1))
+            reward = reward / torch.sqrt(rew_rms["var"] + 1e-8)
+            new_state["rew_rms"] = rew_rms
+        if config.normalize_obs:
+            flat_obs = rollout["obs"].reshape(n, *rollout["obs"].shape[2:])
+            new_state["obs_rms"] = rms_update(state["obs_rms"], flat_obs, rollout["valid"].reshape(n))
+        # the values of every observation and of the last next one [T + 1, B] (a recurrent policy
+        # re-unrolled from the segment's first carry); the policy's outputs too where needed
+        last_obs = observe(state, last_obs[None])
+        if recurrent:
+            old_dist, value_all = rnn.rollout_unroll(params, torch.cat([obs, last_obs]), rollout)
+        elif value_in_act and config.penalty != "kl":
+            value_all = torch.cat([rollout["value"], policy(params, last_obs)[1]])
+        else:
+            old_dist, value_all = policy(params, torch.cat([obs, last_obs]))
+        value, next_value = value_all[:-1], value_all[1:]
+        discount = hp["gamma"] * (~rollout["terminated"]).to(value.dtype)
+        advantage = gae(reward, value, next_value, discount, rollout["done"], hp["gae_lambda"])
+        batch = {"obs": obs, "action": rollout["action"], "logp": rollout["logp"], "value": value,
+                 "advantage": advantage, "target": advantage + value, "valid": rollout["valid"]}
+        if recurrent:
+            batch.update(reset=rollout["reset"], carry=rollout["carry"])
+        if config.penalty == "kl":
+            batch.update({f"old_dist{i}": x[:-1] for i, x in enumerate(old_dist)})
+        flat = TensorDict(batch, batch_size=[T, B])
+        if not recurrent:
+            flat = flat.reshape(n)
+        valid, target = flat["valid"], flat["target"]
+        var_t = masked_mean((target - masked_mean(target, valid)) ** 2, valid)
+        explained_var = 1 - masked_mean((target - flat["value"]) ** 2, valid) / (var_t + 1e-8)
+        return new_state, flat, explained_var
+
+    return prepare
+
+
+def _iteration(config: Config, pieces, state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor,
+               perms: torch.Tensor):
+    """All epochs x minibatches of one iteration in the minibatch order `perms` [(K,) E*M, mb]:
+    (new state, metrics), from `pieces` = (prepare, train_epochs, kl_adapt)."""
+    prepare, train_epochs, kl_adapt = pieces
+    new_state, flat, explained_var = prepare(state, rollout, last_obs)
+    params, opt_state, hp = state["params"], state["opt_state"], state["hp"]
+    rows = state.batch_size  # [] or [K] (batched)
+    kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(rows, device=perms.device)
+    params, opt_state, history, clip = train_epochs(params, opt_state, flat, perms,
+                                                    state["env_steps"], kl_coef, hp)
+    metrics = {k: v.mean(-1) for k, v in history.items()}
+    if config.penalty == "kl":
+        new_state["kl_coef"] = metrics["kl_coef"] = kl_adapt(params, flat, kl_coef)
+    metrics.update(explained_variance=explained_var, clip_coef=clip)
+    new_state["params"], new_state["opt_state"] = params, opt_state
+    return new_state, TensorDict(metrics, batch_size=rows)
 
 
 def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = False) -> Agent:
     """Bind PPO to an environment: returns `Agent(init, act, update)`.
 
-    `update` runs all epochs and minibatches of one iteration. Its pieces (advantage
-    computation, one minibatch step) are pure; with `compile=True` each is compiled
-    once with `fullgraph=True` and reused for every minibatch, which keeps compile time
-    independent of the number of epochs and minibatches. Where `fnrl.aot.serves` the device
-    (the CPU) and the policy is feed-forward, the calls are served instead by one AOTInductor model of the
-    whole iteration (the pieces traced together, the minibatch loop a `scan` inside it),
-    called with the state's and the rollout's tensors: no TorchDynamo guards, no Python
-    between the minibatches (`benchmarks/probes/ppo_update_aot.md`).
+    `update` runs all epochs and minibatches of one iteration: `prepare` (advantages, targets,
+    normalizers) -> every minibatch step in order (a scan) -> `kl_adapt`, all pure. How they run
+    (eager, compiled, one ahead-of-time model of the whole iteration on the CPU for a
+    feed-forward policy, a loop of one compiled step on a GPU) is `fnrl.accel.staged`'s choice.
 
     batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and
     trains the K rows independently: each piece is `torch.func.vmap`-ed over the leading
@@ -245,83 +371,8 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         action = dist.sample(*d) if explore else dist.mode(*d)
         return action, {"logp": dist.log_prob(*d, action), **extras}, carry
 
-    def loss(params, mb, clip, kl_coef, hp):
-        d, value = forward(params, mb)
-        logp = dist.log_prob(*d, mb["action"])
-        valid = mb["valid"]
-        adv = mb["advantage"]
-        if config.norm_adv:
-            mean = masked_mean(adv, valid)
-            std = masked_mean((adv - mean) ** 2, valid).sqrt()
-            adv = (adv - mean) / (std + 1e-8)
-        if config.penalty == "clip":
-            pg, clipped = losses.clipped_surrogate_loss(logp, mb["logp"], adv, clip)
-        else:
-            old = tuple(mb[f"old_dist{i}"] for i in range(len(d)))
-            pg = losses.kl_penalty_loss(logp, mb["logp"], adv, dist.kl(old, d), kl_coef)
-            clipped = ((logp - mb["logp"]).exp() - 1).abs().gt(clip).to(logp.dtype)
-        if config.clip_vloss:
-            v_loss = losses.clipped_value_loss(value, mb["value"], mb["target"], clip)
-        else:
-            v_loss = losses.squared_loss(value - mb["target"])
-        entropy = dist.entropy(*d)
-        total = masked_mean(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy, valid)
-        return total, {
-            "loss/policy": masked_mean(pg, valid).detach(),
-            "loss/value": masked_mean(v_loss, valid).detach(),
-            "loss/entropy": masked_mean(entropy, valid).detach(),
-            "approx_kl": masked_mean(losses.approx_kl(logp, mb["logp"]), valid).detach(),
-            "clipfrac": masked_mean(clipped, valid).detach(),
-        }
-
-    def prepare(state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor):
-        """Advantages, targets and normalizer updates: the training batch ([T*B] steps, or
-        [T, B] sequences for a recurrent policy). last_obs [B, ...]: the observation after
-        the rollout's last step (rollout["next_obs"][-1])."""
-        params, hp = state["params"], state["hp"]
-        new_state = state.copy()
-        obs = observe(state, rollout["obs"])
-        reward = rollout["reward"]
-        if config.normalize_reward:
-            ret, new_state["ret"] = _forward_return(reward, rollout["done"], hp["gamma"], state["ret"])
-            rew_rms = rms_update(state["rew_rms"], ret.reshape(-1), rollout["valid"].reshape(-1))
-            reward = reward / torch.sqrt(rew_rms["var"] + 1e-8)
-            new_state["rew_rms"] = rew_rms
-        if config.normalize_obs:
-            flat_obs = rollout["obs"].reshape(n, *rollout["obs"].shape[2:])
-            new_state["obs_rms"] = rms_update(state["obs_rms"], flat_obs, rollout["valid"].reshape(n))
-        # the values of every observation and of the last next one [T + 1, B] (a recurrent policy
-        # re-unrolled from the segment's first carry); the policy's outputs too where needed
-        last_obs = observe(state, last_obs[None])
-        if recurrent:
-            old_dist, value_all = rnn.rollout_unroll(params, torch.cat([obs, last_obs]), rollout)
-        elif value_in_act and config.penalty != "kl":
-            value_all = torch.cat([rollout["value"], policy(params, last_obs)[1]])
-        else:
-            old_dist, value_all = policy(params, torch.cat([obs, last_obs]))
-        value, next_value = value_all[:-1], value_all[1:]
-        discount = hp["gamma"] * (~rollout["terminated"]).to(value.dtype)
-        advantage = gae(reward, value, next_value, discount, rollout["done"], hp["gae_lambda"])
-        batch = {"obs": obs, "action": rollout["action"], "logp": rollout["logp"], "value": value,
-                 "advantage": advantage, "target": advantage + value, "valid": rollout["valid"]}
-        if recurrent:
-            batch.update(reset=rollout["reset"], carry=rollout["carry"])
-        if config.penalty == "kl":
-            batch.update({f"old_dist{i}": x[:-1] for i, x in enumerate(old_dist)})
-        flat = TensorDict(batch, batch_size=[T, B])
-        if not recurrent:
-            flat = flat.reshape(n)
-        valid, target = flat["valid"], flat["target"]
-        var_t = masked_mean((target - masked_mean(target, valid)) ** 2, valid)
-        explained_var = 1 - masked_mean((target - flat["value"]) ** 2, valid) / (var_t + 1e-8)
-        return new_state, flat, explained_var
-
-    def clip_range(hp, env_steps):
-        """The clipping range: clip_coef, annealed linearly to 0 over total_steps with anneal_clip."""
-        if not config.anneal_clip:
-            return hp["clip_coef"]
-        progress = env_steps.to(torch.float32) / config.total_steps
-        return hp["clip_coef"] * (1.0 - progress).clamp(min=0.0)
+    loss = _loss(config, dist, forward)
+    prepare = _preparation(config, rnn, policy, observe, value_in_act, T, B)
 
     def minibatch_step(params, opt_state, flat, index, clip, kl_coef, hp):
         mb = flat[:, index] if recurrent else flat[index]
@@ -334,54 +385,10 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         kl = masked_mean(dist.kl(old_dist, new_dist), flat["valid"])
         return losses.adaptive_kl_coef(kl_coef, kl, config.kl_target)
 
-    def epochs(step, rows: bool):
-        """`train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp)`: every step of
-        `step` (one minibatch step; of K rows when `rows`, every argument [K, ...]) in order over
-        the minibatch indices perms [(K,) E * M, mb] -> (params, opt_state, metrics [(K,) E * M],
-        clip range). Inside a compiled graph the steps are one scan (`scan_steps`), outside it a
-        Python loop (the GPU's loop of one compiled step, `scan_on`).
-
-        The clip range is computed here, inside the graph that holds the scan: passed in from
-        `prepare` it could alias hp["clip_coef"] (it is that tensor without annealing), and a
-        higher-order op refuses operands that alias (for rows, the vmapped range is copied)."""
-        def train_epochs(params, opt_state, flat, perms, env_steps, kl_coef, hp):
-            clip = torch.func.vmap(clip_range)(hp, env_steps).clone() if rows else clip_range(hp, env_steps)
-
-            def body(carry, index):
-                params, opt_state, metrics = step(*carry, flat, index, clip, kl_coef, hp)
-                return (params, opt_state), metrics
-
-            (params, opt_state), history = scan_steps(body, (params, opt_state),
-                                                      perms.transpose(0, 1) if rows else perms)
-            return params, opt_state, {k: v.transpose(0, 1) for k, v in history.items()} if rows else history, clip
-        return train_epochs
-
     # K rows (batched): each minibatch step vmapped over the rows, inside the scan, where make_fx traces it
     step = torch.func.vmap(minibatch_step, randomness="different") if batched else minibatch_step
     if batched:
         prepare, kl_adapt = (torch.func.vmap(f, randomness="different") for f in (prepare, kl_adapt))
-    pieces = traceable = (prepare, epochs(step, batched), kl_adapt)
-    loop_pieces = None   # on a GPU (`scan_on`): the minibatch steps as a loop of one compiled step
-    if compile:
-        pieces = tuple(torch.compile(f, fullgraph=True, dynamic=False) for f in pieces)
-        loop_pieces = (pieces[0], epochs(torch.compile(step, fullgraph=True, dynamic=False), batched), pieces[2])
-
-    def iteration(pieces, state: TensorDict, rollout: TensorDict, last_obs: torch.Tensor, perms: torch.Tensor):
-        """All epochs x minibatches of one iteration in the minibatch order `perms` [(K,) E*M, mb]:
-        (new state, metrics), from `pieces` = (prepare, train_epochs, kl_adapt)."""
-        prepare, train_epochs, kl_adapt = pieces
-        new_state, flat, explained_var = prepare(state, rollout, last_obs)
-        params, opt_state, hp = state["params"], state["opt_state"], state["hp"]
-        rows = state.batch_size  # [] or [K] (batched)
-        kl_coef = state["kl_coef"] if config.penalty == "kl" else torch.zeros(rows, device=perms.device)
-        params, opt_state, history, clip = train_epochs(params, opt_state, flat, perms,
-                                                        state["env_steps"], kl_coef, hp)
-        metrics = {k: v.mean(-1) for k, v in history.items()}
-        if config.penalty == "kl":
-            new_state["kl_coef"] = metrics["kl_coef"] = kl_adapt(params, flat, kl_coef)
-        metrics.update(explained_variance=explained_var, clip_coef=clip)
-        new_state["params"], new_state["opt_state"] = params, opt_state
-        return new_state, TensorDict(metrics, batch_size=rows)
 
     def minibatch_order(state: TensorDict, device) -> torch.Tensor:
         """perms [(K,) E*M, mb]: each row's epochs of minibatch indices, from its seed and env steps."""
@@ -391,30 +398,24 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
                              for s, t in zip(seeds, steps)]).to(device)
         return perms.view(*rows, -1, mb_size)
 
-    whole = None   # the iteration as one AOTInductor model (fnrl.aot.AotFunction), built at the first call
-    ahead_of_time = compile and aot.ENABLED and not recurrent
+    steps = functools.partial(_epochs, rows=batched, clip_range=functools.partial(_clip_range, config))
+    run = staged_update(functools.partial(_iteration, config), prepare, steps, step, kl_adapt, compile=compile,
+                        ahead_of_time=not recurrent, subject="the PPO update is",
+                        # next_obs shares obs's memory (one [T + 1] buffer): the model reads obs and a
+                        # copy of its last row
+                        export_args=lambda state, rollout, last_obs, perms: (state, rollout.exclude("next_obs"),
+                                                                             last_obs.clone(), perms))
 
     def update(state: TensorDict, rollout: TensorDict, perms: torch.Tensor | None = None):
-        """All epochs x minibatches of one iteration: one model, or the compiled pieces, sequenced.
+        """All epochs x minibatches of one iteration (`fnrl.accel.staged` picks how the pieces run).
 
         perms [(K,) E*M, mb]: the minibatch order, `update.minibatch_order(state, device)` by
         default (drawn on the host from the seed and env steps); a caller that captures the
         update in a CUDA graph passes it in, refilled in place before each replay."""
-        nonlocal whole, ahead_of_time
         if perms is None:
             perms = minibatch_order(state, rollout.device or state["env_steps"].device)
         last_obs = rollout["next_obs"][:, -1] if batched else rollout["next_obs"][-1]
-        if loop_pieces is not None and not scan_on(perms.device):
-            return iteration(loop_pieces, state, rollout, last_obs, perms)
-        if ahead_of_time and aot.serves(perms.device):
-            # next_obs shares obs's memory (one [T + 1] buffer): the model reads obs and a copy of the last row
-            args = (state, rollout.exclude("next_obs"), last_obs.clone(), perms)
-            if whole is None:
-                whole = aot.function_or_none("the PPO update is", lambda *a: iteration(traceable, *a), args)
-                ahead_of_time = whole is not None
-            if ahead_of_time and whole.matches(*args):
-                return whole(*args)
-        return iteration(pieces, state, rollout, last_obs, perms)
+        return run(perms.device, state, rollout, last_obs, perms)
 
     update.minibatch_order = minibatch_order
     return Agent(init=init, act=act, update=update)

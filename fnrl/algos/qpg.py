@@ -43,19 +43,20 @@ from torch import nn
 
 from fnrl import losses, optim
 from fnrl.algos.common import Agent, check_positive, gradient_step, initializing, require_continuous, switch
+from fnrl.algos.spec import AlgorithmSpec
 from fnrl.distributions import tanh_normal_mode, tanh_normal_sample
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.nets import call, mlp, parameters
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 
-KIND = "off_policy"
 SWEEPABLE = ("actor_lr", "critic_lr", "alpha_lr", "gamma")
 """Config fields `fnrl train sac --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
 the step sizes are held in the optimizer state (`scale_by_group_learning_rate`) and gamma only in
 the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
 ACT_KEYS = (("params", "actor"), "obs_rms", "env_steps")
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
+SPEC = AlgorithmSpec(kind="off_policy", replay="row", act_keys=ACT_KEYS, sweepable=SWEEPABLE)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 """Range of the SAC policy's log standard deviation (CleanRL's / SpinningUp's bounds)."""
@@ -304,11 +305,8 @@ def _select_lowest_mean(logits: torch.Tensor, support: torch.Tensor) -> torch.Te
     return probs.gather(0, k[None, :, None].expand(1, *probs.shape[1:])).squeeze(0)
 
 
-def make(config: Config, spec: EnvSpec) -> Agent:
-    """Bind DDPG / TD3 / SAC to an environment: returns `Agent(init, act, update)`."""
-    validate(config, spec)
-    nets = networks(config, spec)
-    sac = config.algo == "sac"
+def _action_transforms(config: Config, spec: EnvSpec):
+    """(to_env, to_unit): the policy's [-1, 1] actions to env units (clipped to the bounds) and back."""
     d = spec.action_dim
     if config.action_scale is not None:
         low, high = torch.full((d,), -float(config.action_scale)), torch.full((d,), float(config.action_scale))
@@ -319,14 +317,6 @@ def make(config: Config, spec: EnvSpec) -> Agent:
         # the same bounds in every dimension (MuJoCo's, Pendulum's): Python numbers, which a rollout
         # traced as one graph (fnrl.samplers.graph) can hold, where it cannot close over a tensor
         center, half = float(center[0]), float(half[0])
-    target_entropy = -float(d) if config.target_entropy is None else float(config.target_entropy)
-    support = torch.linspace(config.v_min, config.v_max, config.num_atoms) if config.distributional else None
-    target_keys = ("critic",) if sac else ("actor", "critic")
-    delayed = config.policy_delay > 1
-    # what only the actor step computes (actor, and SAC's temperature, move on the policy_delay cadence)
-    actor_metrics = ("loss/actor", *(("entropy",) if sac else ()), *(("loss/alpha",) if sac and config.autotune else ()))
-    rates = {"actor": config.actor_lr, "critic": config.critic_lr, "log_alpha": config.alpha_lr}
-    opt = optim.chain(optim.scale_by_adam(), scale_by_group_learning_rate(rates))
 
     def bounds(a):
         """(center, half range) of the action space: numbers, or [D] tensors on `a`'s device."""
@@ -342,45 +332,13 @@ def make(config: Config, spec: EnvSpec) -> Agent:
         c, h = bounds(a)
         return ((a - c) / h).clamp(-1.0, 1.0)
 
-    def observe(state, obs):
-        return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs
+    return to_env, to_unit
 
-    def temperature(params):
-        if not sac:
-            return 0.0
-        return params["log_alpha"][0].exp().detach() if config.autotune else config.alpha
 
-    def init(seed: int) -> TensorDict:
-        params = nets.init(seed)
-        if sac and config.autotune:
-            # shape [1], not 0-d: optim's float64 bias corrections would promote a 0-d float32 leaf
-            params["log_alpha"] = torch.full((1,), math.log(config.alpha_init))
-        state = {
-            "params": params,
-            "target": params.select(*target_keys).clone(),
-            "opt_state": opt.init(params),
-            "env_steps": torch.zeros((), dtype=torch.int64),
-            "updates": torch.zeros((), dtype=torch.int64),
-        }
-        if delayed:   # the last actor step's metrics, reported by the steps in between
-            state["actor_metrics"] = TensorDict({k: torch.zeros(()) for k in actor_metrics}, batch_size=[])
-        if config.normalize_obs:
-            state["obs_rms"] = rms_init(spec.obs_shape)
-        return TensorDict(state, batch_size=[])
-
-    def act(state, obs, carry, explore: bool = True):
-        obs_n = observe(state, obs)
-        actor_params = state["params"]["actor"]
-        if not explore:
-            return to_env(nets.mode(actor_params, obs_n)), {}, carry
-        if sac:
-            a = nets.sample(actor_params, obs_n)[0]
-        else:
-            a = nets.mode(actor_params, obs_n)
-            a = (a + config.exploration_noise * torch.randn_like(a)).clamp(-1.0, 1.0)
-        warmup = state["env_steps"] < config.learning_starts
-        a = torch.where(warmup, 2.0 * torch.rand_like(a) - 1.0, a)
-        return to_env(a), {}, carry
+def _losses(config: Config, nets, support, target_entropy: float):
+    """(critic_target, critics_only_loss, loss) of DDPG / TD3 / SAC with the networks `nets`
+    (`support`: the distributional critic's atoms, or None)."""
+    sac = config.algo == "sac"
 
     def critic_target(params, target, next_obs, reward, discount, alpha):
         """The detached bootstrap target: y [N] (scalar critics) or target probabilities [N, M]."""
@@ -442,6 +400,66 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             metrics["loss/alpha"] = l_alpha.detach()
             total = total + l_alpha
         return total, metrics
+
+    return critic_target, critics_only_loss, loss
+
+
+def make(config: Config, spec: EnvSpec) -> Agent:
+    """Bind DDPG / TD3 / SAC to an environment: returns `Agent(init, act, update)`."""
+    validate(config, spec)
+    nets = networks(config, spec)
+    sac = config.algo == "sac"
+    d = spec.action_dim
+    to_env, to_unit = _action_transforms(config, spec)
+    target_entropy = -float(d) if config.target_entropy is None else float(config.target_entropy)
+    support = torch.linspace(config.v_min, config.v_max, config.num_atoms) if config.distributional else None
+    target_keys = ("critic",) if sac else ("actor", "critic")
+    delayed = config.policy_delay > 1
+    # what only the actor step computes (actor, and SAC's temperature, move on the policy_delay cadence)
+    actor_metrics = ("loss/actor", *(("entropy",) if sac else ()), *(("loss/alpha",) if sac and config.autotune else ()))
+    rates = {"actor": config.actor_lr, "critic": config.critic_lr, "log_alpha": config.alpha_lr}
+    opt = optim.chain(optim.scale_by_adam(), scale_by_group_learning_rate(rates))
+    critic_target, critics_only_loss, loss = _losses(config, nets, support, target_entropy)
+
+    def observe(state, obs):
+        return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs
+
+    def temperature(params):
+        if not sac:
+            return 0.0
+        return params["log_alpha"][0].exp().detach() if config.autotune else config.alpha
+
+    def init(seed: int) -> TensorDict:
+        params = nets.init(seed)
+        if sac and config.autotune:
+            # shape [1], not 0-d: optim's float64 bias corrections would promote a 0-d float32 leaf
+            params["log_alpha"] = torch.full((1,), math.log(config.alpha_init))
+        state = {
+            "params": params,
+            "target": params.select(*target_keys).clone(),
+            "opt_state": opt.init(params),
+            "env_steps": torch.zeros((), dtype=torch.int64),
+            "updates": torch.zeros((), dtype=torch.int64),
+        }
+        if delayed:   # the last actor step's metrics, reported by the steps in between
+            state["actor_metrics"] = TensorDict({k: torch.zeros(()) for k in actor_metrics}, batch_size=[])
+        if config.normalize_obs:
+            state["obs_rms"] = rms_init(spec.obs_shape)
+        return TensorDict(state, batch_size=[])
+
+    def act(state, obs, carry, explore: bool = True):
+        obs_n = observe(state, obs)
+        actor_params = state["params"]["actor"]
+        if not explore:
+            return to_env(nets.mode(actor_params, obs_n)), {}, carry
+        if sac:
+            a = nets.sample(actor_params, obs_n)[0]
+        else:
+            a = nets.mode(actor_params, obs_n)
+            a = (a + config.exploration_noise * torch.randn_like(a)).clamp(-1.0, 1.0)
+        warmup = state["env_steps"] < config.learning_starts
+        a = torch.where(warmup, 2.0 * torch.rand_like(a) - 1.0, a)
+        return to_env(a), {}, carry
 
     def update(state: TensorDict, batch: TensorDict):
         """One gradient update of critics, actor (every policy_delay-th) and temperature, then targets.

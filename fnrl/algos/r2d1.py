@@ -18,7 +18,7 @@
     action, extras, carry = agent.act(state, obs, carry, explore=True)   # extras: q, carry
     state, metrics = agent.update(state, batch)     # batch: a sequence.sample TensorDict [L, N]
 
-The training loop sees `REPLAY = "sequence"` and uses `fnrl.replay.sequence` with this
+The training loop sees `SPEC.replay == "sequence"` and uses `fnrl.replay.sequence` with this
 module's `sequence_input`. Defaults learn CartPole-v1; `experiments/r2d1_atari.py` holds
 rlpyt's Atari settings (gamma 0.997, seq_len 80, burn-in 40, n 5, alpha 0.9, beta 0.6,
 eta 0.9). The network sees the observation only (no previous action / reward inputs).
@@ -34,6 +34,7 @@ from torch import nn
 
 from fnrl import optim
 from fnrl.algos.common import Agent, check_positive, gradient_step, initializing, masked_mean, require_discrete
+from fnrl.algos.spec import AlgorithmSpec
 from fnrl.algos.dqn import epsilon, target_update
 from fnrl.distributions import epsilon_greedy
 from fnrl.envs.spec import EnvSpec
@@ -44,8 +45,7 @@ from fnrl.nets.q import scale_gradient
 from fnrl.nets.recurrent import make_core, reset_carry
 from fnrl.returns import n_step_returns, signed_hyperbolic, signed_parabolic
 
-KIND = "off_policy"
-REPLAY = "sequence"
+SPEC = AlgorithmSpec(kind="off_policy", replay="sequence")
 
 
 @dataclass

@@ -20,23 +20,19 @@ import uuid
 import torch.distributed as dist
 
 from fnrl.errors import ConfigError
+from fnrl.run.health import TrainingError
 
 
 def _preflight(name: str, config, log_dir, resume, device: str, seed: int, nproc: int):
     """The checks `train` does before work, done once here: returns (config, log_dir) to hand on."""
     from fnrl import algos, envs
-    from fnrl.train import _from_json, _prepare_log_dir, load_checkpoint
+    from fnrl.run.checkpoint import load_checkpoint
+    from fnrl.run.folder import prepare_run_dir
+    from fnrl.run.plan import resumed_config
 
     module = algos.load(name)
     if resume is not None:
-        ckpt = load_checkpoint(resume)
-        if ckpt["algo"] != name:
-            raise ConfigError(f"checkpoint {resume} is from {ckpt['algo']}, not {name}; "
-                              f"run `fnrl train {ckpt['algo']} --resume {resume}`")
-        if ckpt.get("world_size", 1) != nproc:
-            raise ConfigError(f"checkpoint {resume} was written by {ckpt.get('world_size', 1)} processes; resume "
-                              f"it with --nproc {ckpt.get('world_size', 1)}, not {nproc}")
-        run_config = type(algos.default_config(name))(**_from_json(ckpt["config"]))
+        run_config = resumed_config(load_checkpoint(resume), name, resume, nproc)
     else:
         run_config = config if config is not None else algos.default_config(name)
     if device.startswith("cuda"):
@@ -54,13 +50,13 @@ def _preflight(name: str, config, log_dir, resume, device: str, seed: int, nproc
     finally:
         env.close()
     if resume is None:   # resolve the default folder name here, so rank 0 uses this one
-        log_dir = _prepare_log_dir(log_dir, name, run_config, seed, False)
+        log_dir = prepare_run_dir(log_dir, name, run_config, seed, False)
     return config, log_dir
 
 
-def train_processes(nproc: int, name: str, config=None, **kwargs):
-    """Run `fnrl.train.train(name, config, **kwargs)` as `nproc` data-parallel ranks on this
-    machine; return rank 0's TrainResult."""
+def train_processes(train, nproc: int, name: str, config=None, **kwargs):
+    """Run `train(name, config, **kwargs)` (`fnrl.train.train`, passed in: each worker imports it by
+    name) as `nproc` data-parallel ranks on this machine; return rank 0's TrainResult."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -75,7 +71,7 @@ def train_processes(nproc: int, name: str, config=None, **kwargs):
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
                           start_method="spawn")
     try:
-        results = elastic_launch(launch, _rank_train)(name, config, kwargs)
+        results = elastic_launch(launch, _rank_train)(train, name, config, kwargs)
     except ChildFailedError as e:
         rank, failure = min(e.failures.items())
         raise RuntimeError(f"rank {rank} of the {nproc}-process run failed (exit code {failure.exitcode}); "
@@ -83,17 +79,13 @@ def train_processes(nproc: int, name: str, config=None, **kwargs):
     kind, payload = results[0]
     if kind == "ok":
         return payload
-    from fnrl.train import TrainingError
-
     raise (ConfigError if kind == "config" else TrainingError)(payload)
 
 
-def _rank_train(name: str, config, kwargs: dict):
+def _rank_train(train, name: str, config, kwargs: dict):
     """One worker: `train` as one rank. Deliberate errors come back as values (every rank
     has them at once), so the parent re-raises them with one line."""
     _die_with_parent()
-    from fnrl.train import TrainingError, train
-
     try:
         return "ok", train(name, config, **kwargs)
     except ConfigError as e:

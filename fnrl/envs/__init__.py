@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fnrl.envs.batched import POLL_VAR, BatchedEnv, _NUMPY_TO_TORCH
+from fnrl.envs.batched import POLL_VAR, BatchedEnv, NUMPY_TO_TORCH
 from fnrl.envs.inprocess import InProcessEnvs
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
@@ -124,9 +124,9 @@ def envpool_task(env_id: str) -> bool:
 def _space_spec(obs_space, act_space):
     if isinstance(obs_space, gym.spaces.Dict):
         obs_shape = {k: tuple(s.shape) for k, s in obs_space.spaces.items()}
-        obs_dtype = {k: _NUMPY_TO_TORCH[np.dtype(s.dtype)] for k, s in obs_space.spaces.items()}
+        obs_dtype = {k: NUMPY_TO_TORCH[np.dtype(s.dtype)] for k, s in obs_space.spaces.items()}
     else:
-        obs_shape, obs_dtype = tuple(obs_space.shape), _NUMPY_TO_TORCH[np.dtype(obs_space.dtype)]
+        obs_shape, obs_dtype = tuple(obs_space.shape), NUMPY_TO_TORCH[np.dtype(obs_space.dtype)]
     if isinstance(act_space, gym.spaces.Discrete):
         return dict(obs_shape=obs_shape, obs_dtype=obs_dtype, action_shape=(), action_dtype=torch.int64,
                     num_actions=int(act_space.n))

@@ -29,7 +29,7 @@ from tensordict import TensorDict
 
 from fnrl.envs.spec import EnvSpec
 
-_NUMPY_TO_TORCH = {
+NUMPY_TO_TORCH = {  # the torch dtype of each numpy dtype an env returns
     np.dtype("float32"): torch.float32,
     np.dtype("float64"): torch.float32,  # MuJoCo: float64 observations are cast to float32
     np.dtype("uint8"): torch.uint8,

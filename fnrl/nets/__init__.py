@@ -13,14 +13,13 @@ from fnrl.nets.core import (
     Linear,
     NarrowLinear,
     NatureCNN,
-    RecurrentActorCritic,
     call,
     encoder,
     layer_init,
     mlp,
     parameters,
 )
-from fnrl.nets.recurrent import GRUCore, LSTMCore, make_core, reset_carry, step, unroll
+from fnrl.nets.recurrent import GRUCore, LSTMCore, RecurrentActorCritic, make_core, reset_carry, step, unroll
 
 __all__ = ["A3CConv", "ActorCritic", "Linear", "NarrowLinear", "NatureCNN", "RecurrentActorCritic", "call", "encoder", "layer_init", "mlp", "parameters",
            "LSTMCore", "GRUCore", "make_core", "reset_carry", "step", "unroll"]

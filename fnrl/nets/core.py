@@ -214,7 +214,7 @@ class A3CConv(_ConvTorso):
         )
 
 
-class _Flatten(nn.Module):
+class Flatten(nn.Module):
     """Flattens a vector observation's trailing dims into [*, D]; a dict observation
     (a TensorDict) becomes the concatenation of its flattened entries in key order."""
 
@@ -250,7 +250,7 @@ class ActorCritic(nn.Module):
         super().__init__()
         image = None if isinstance(obs_shape, dict) else encoder(obs_shape, conv)
         if image is None:
-            self.torso = _Flatten(obs_shape)
+            self.torso = Flatten(obs_shape)
             shapes = obs_shape.values() if isinstance(obs_shape, dict) else [obs_shape]
             d = sum(int(torch.Size(s).numel()) for s in shapes)
             self.actor = mlp(d, action_dim, hidden, activation, out_gain=0.01, head=NarrowLinear)
@@ -266,63 +266,3 @@ class ActorCritic(nn.Module):
     def forward(self, obs):
         h = self.torso(obs)
         return self.actor(h), self.critic(h).squeeze(-1)
-
-
-class RecurrentActorCritic(nn.Module):
-    """torso -> recurrent core (LSTM / GRU) -> linear policy and value heads.
-
-    `forward(obs [T, B, *obs], reset [T, B] bool, carry [B]) -> (policy_out [T, B, A],
-    value [T, B], carry)`: the core is unrolled over T with the carry zeroed where
-    `reset` is True (fnrl.nets.recurrent). Vector observations: separate actor and
-    critic stacks, each an MLP torso (`hidden`; empty for none) and its own core (as
-    sb3-contrib's RecurrentPPO with a critic LSTM); the carry is
-    `{"actor": core carry, "critic": core carry}`. Image observations: one conv torso
-    and one core shared by both heads (CleanRL's recurrent PPO); the carry is the core's.
-    Continuous actions add a state-independent `log_std` [A].
-    """
-
-    def __init__(self, obs_shape, action_dim: int, continuous: bool, core: str = "lstm", core_size: int = 128,
-                 hidden=(64,), activation: str = "tanh", conv: str = "nature", init_log_std: float = 0.0):
-        super().__init__()
-        from fnrl.nets.recurrent import make_core
-
-        image = None if isinstance(obs_shape, dict) else encoder(obs_shape, conv)
-        self.separate = image is None
-        if self.separate:
-            shapes = obs_shape.values() if isinstance(obs_shape, dict) else [obs_shape]
-            d = sum(int(torch.Size(s).numel()) for s in shapes)
-            self.torso = _Flatten(obs_shape)
-            self.actor_torso = mlp(d, None, hidden, activation)
-            self.critic_torso = mlp(d, None, hidden, activation)
-            d = hidden[-1] if hidden else d
-            self.core = make_core(core, d, core_size)
-            self.critic_core = make_core(core, d, core_size)
-        else:
-            self.torso, d = image
-            self.core = make_core(core, d, core_size)
-        self.actor = layer_init(Linear(core_size, action_dim), 0.01)
-        self.critic = layer_init(Linear(core_size, 1), 1.0)
-        self.continuous = continuous
-        if continuous:
-            self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
-
-    @property
-    def carry_keys(self) -> tuple[str, ...]:
-        return ("actor", "critic") if self.separate else self.core.carry_keys
-
-    def initial_carry(self, batch_shape, device=None) -> TensorDict:
-        """Zeros, the structure `forward` takes and returns."""
-        one = self.core.initial_carry(batch_shape, device=device)
-        if not self.separate:
-            return one
-        return TensorDict({"actor": one, "critic": one.clone()}, batch_size=one.batch_size, device=device)
-
-    def forward(self, obs, reset, carry):
-        x = self.torso(obs)
-        if not self.separate:
-            y, carry = self.core(x, reset, carry)
-            return self.actor(y), self.critic(y).squeeze(-1), carry
-        ya, ca = self.core(self.actor_torso(x), reset, carry["actor"])
-        yc, cc = self.critic_core(self.critic_torso(x), reset, carry["critic"])
-        out = TensorDict({"actor": ca, "critic": cc}, batch_size=carry.batch_size)
-        return self.actor(ya), self.critic(yc).squeeze(-1), out

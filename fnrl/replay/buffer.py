@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from fnrl import aot
+from fnrl.accel import aot
 from fnrl.checks import check_bool, check_float, check_shape
 from fnrl.replay.frames import stack_source_rows, stack_starts
 from fnrl.replay.sum_tree import sum_tree_get, sum_tree_init, sum_tree_sample, sum_tree_set
@@ -267,7 +267,7 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False
     (in place, W passed as a tensor so it compiles once per buffer shape and T) instead of
     ~25 eager tensor ops, once W >= n and C >= T + n (before that, and for frame-deduplicated
     buffers, eagerly). Same buffer contents as eager. ahead_of_time (with compiled): that graph
-    as an AOTInductor model (`fnrl.aot.AotFunction`, one per buffer and rollout structure),
+    as an AOTInductor model (`fnrl.accel.aot.AotFunction`, one per buffer and rollout structure),
     which skips TorchDynamo's ~0.1 ms around each call; `torch.compile` where it cannot be built.
     """
     _check_rollout(buffer, rollout)

@@ -9,7 +9,7 @@ task's dynamics as torch ops) inside a `scan` over T steps of
     env_state, step = env.step(env_state, action)
 
 and compiles that scan, with the writes into the rollout buffer, as one AOTInductor
-model (`fnrl.aot.AotFunction`), as purejaxrl compiles its rollout with gymnax's envs.
+model (`fnrl.accel.aot.AotFunction`), as purejaxrl compiles its rollout with gymnax's envs.
 A collect is one call of that model: no Python, numpy or thread hand-off per step.
 
     env = fnrl.envs.functional.make("CartPole-v1", num_envs=64, seed=0)
@@ -22,7 +22,7 @@ is set before every step, and the rollout holds `reset` and the `carry` each ste
 from), and the off-policy algorithms whose rollouts go into a row replay (the DQN family on
 the discrete tasks, DDPG / TD3 / SAC on the continuous ones; their replay add and updates
 run as with any sampler). `act` is compiled into the rollout when it is an
-`fnrl.aot.AotAct` (what `fnrl.train` makes of a compiled run's act; its `select`ed state
+`fnrl.accel.aot.AotAct` (what `fnrl.train` makes of a compiled run's act; its `select`ed state
 keys are the model's inputs), and the scan runs eagerly otherwise (`--no-compile`).
 
 Randomness: the compiled model draws from Inductor's generator, seeded from torch's global
@@ -39,7 +39,7 @@ import torch
 from tensordict import TensorDict
 from torch._higher_order_ops.scan import scan
 
-from fnrl import aot
+from fnrl.accel import aot
 from fnrl.envs.functional import FunctionalEnv
 from fnrl.errors import ConfigError
 from fnrl.samplers.lane import STEP_KEYS, RolloutBuffer
@@ -51,7 +51,7 @@ OPTIONS: dict = {}
 def check_supported(algo: str, module) -> None:
     """ConfigError, before any work, for a run the graph sampler cannot serve: one whose rollouts
     feed a sequence replay (R2D1); the envs it needs are checked by `fnrl.envs.functional.make`."""
-    if getattr(module, "REPLAY", None) == "sequence":
+    if module.SPEC.replay == "sequence":
         raise ConfigError(f"--sampler graph serves on-policy and row-replay algorithms; {algo} stores "
                           "sequences: use --sampler serial")
 
@@ -60,7 +60,7 @@ class GraphSampler:
     """Collect [T, B] rollouts of a functional env (`fnrl.envs.functional`) in one compiled call.
 
     env: a functional env (`reset(device) -> env state`, `step(env state, action)`, `spec`).
-    act: `act(state, obs, carry, explore) -> (action, extras, carry)`, or an `fnrl.aot.AotAct`
+    act: `act(state, obs, carry, explore) -> (action, extras, carry)`, or an `fnrl.accel.aot.AotAct`
         of it (then compiled into the rollout). A policy whose first call returns a carry is
         recurrent (`fnrl.samplers.serial`'s protocol).
     The env state (the last observation, the physics, the episode counters) and a recurrent

@@ -57,7 +57,7 @@ def serves(device) -> bool:
 
     On the CPU a model skips TorchDynamo's guards and Python per call, which is what bounds
     small steps there. On a GPU that host time overlaps the kernels, CUDA graphs remove it
-    (`fnrl.cudagraphs`), and loading a CUDA model crashed the process (segmentation fault in
+    (`fnrl.accel.cudagraphs`), and loading a CUDA model crashed the process (segmentation fault in
     `torch._inductor.aoti_load_package`, torch 2.11 on an H200, `benchmarks/gpu_graphs.md`):
     CUDA calls go through `torch.compile`."""
     return ENABLED and torch.device(device).type == "cpu"
@@ -290,7 +290,7 @@ def leaf_reader(key) -> Callable[[TensorDict], torch.Tensor]:
 class AotAct:
     """`act(state, obs, carry, explore) -> (action, extras, carry)` served by an AOTInductor model.
 
-    keys: the state entries `act` reads (an algorithm's `ACT_KEYS`; None for the whole state);
+    keys: the state entries `act` reads (an algorithm's `SPEC.act_keys`; None for the whole state);
         they become the model's flat inputs, read from the state on every call.
     fallback: called with the same arguments for the calls the model does not serve (see the
         module docstring) and, with a warning, for good if `act` cannot be exported.

@@ -1,0 +1,126 @@
+"""The serial training loop: collect -> update -> log -> checkpoint, in one process.
+
+    on-policy  (`SPEC.kind == "on_policy"`):  collect [T, B] -> update(state, rollout)
+    off-policy (`SPEC.kind == "off_policy"`): collect [T, B] -> replay -> the updates due under
+                                              `replay_ratio`, each on a replay sample (`ReplayLearner`)
+
+It runs one seed, the vmapped rows of `--num-seeds` / `--sweep` (`fnrl.seeds`), or one rank of a
+data-parallel run (`world`: gradients averaged inside the update, episodes gathered at each log
+row). Compiled steps run with Dynamo's guard checks skipped once warm (`fnrl.accel.compiled`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fnrl import samplers
+from fnrl.accel import compiled
+from fnrl.loops.build import env_and_agent, initial_state, run_evaluation, run_progress, update_threads
+from fnrl.loops.off_policy import ReplayLearner
+from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
+from fnrl.run.folder import prepare_run_dir, write_config_json
+from fnrl.run.health import non_finite_losses, raise_if_loss_not_finite, scalar_metrics
+from fnrl.run.result import TrainResult, mean_of_rows
+from fnrl.run.threads import intra_op_threads
+
+
+def train_serial(plan, world) -> TrainResult:
+    """Train `plan` (`fnrl.run.plan.Plan`, runtime "serial") as process `world.rank` of `world`."""
+    config, rows = plan.config, plan.rows
+    env, agent, fused = env_and_agent(plan, world)
+    resumed = plan.ckpt is not None
+    with world.agree():
+        run_dir = prepare_run_dir(plan.log_dir, plan.name, config, plan.seed, resumed) if world.main else None
+    if world.main:
+        write_config_json(run_dir, plan.name, plan.seed, plan.run_config, plan.preset,
+                          **({"num_seeds": plan.num_seeds, "sweep": plan.sweep} if rows else {}))
+    state, counters = initial_state(plan, world, agent)
+    learner = ReplayLearner(plan, agent.update, env.spec, fused, world.size == 1) if plan.off_policy else None
+    evaluation = run_evaluation(plan, world, counters["env_steps"])
+    sampler = samplers.make(plan.sampler, env, agent.act, config.num_steps, device=plan.device,
+                            agent=(plan.name, config), workers=plan.sampler_workers)
+    keeps_envs = world.size == 1 and hasattr(sampler, "state_dict")   # the graph sampler's tensors, in-process envs
+    if keeps_envs and resumed and plan.ckpt.get("sampler_state") is not None:
+        sampler.load_state_dict(plan.ckpt["sampler_state"])
+    progress = run_progress(plan, world, run_dir, counters)
+    threads = update_threads(plan, world, env)
+    steps_per_collect = config.num_steps * config.num_envs
+    log_every = plan.log_interval or max(steps_per_collect, config.total_steps // 100)
+    checkpoint_every = plan.checkpoint_every or max(steps_per_collect, config.total_steps // 10)
+    next_log, next_ckpt = counters["env_steps"] + log_every, counters["env_steps"] + checkpoint_every
+    last_checkpoint = run_dir / CHECKPOINT if world.main else "on rank 0"
+
+    def check_finite() -> dict:   # the mean over ranks, so that every rank stops together
+        scalars = world.mean(scalar_metrics(metrics))
+        bad = non_finite_losses(scalars, metrics if rows else None)
+        raise_if_loss_not_finite(bad, counters["env_steps"] * world.size, last_checkpoint)
+        return scalars
+
+    def checkpoint() -> None:
+        if world.main:
+            save_checkpoint(run_dir / CHECKPOINT, checkpoint_payload(
+                algo=plan.name, seed=plan.seed, config=dataclasses.asdict(plan.run_config), state=state,
+                counters=counters, world_size=world.size, preset=plan.preset, sampler=plan.sampler,
+                sampler_state=sampler.state_dict() if keeps_envs else None, episodes=progress.stats.state_dict(),
+                **(learner.checkpoint_entries(world.size == 1) if learner else {}),
+                **({"num_seeds": plan.num_seeds, "sweep": plan.sweep} if rows else {})))
+
+    metrics, solved, updates_here = {}, False, 0   # updates_here: in this process (warm after two)
+    skips_guards = plan.compile and compiled.SKIP_GUARDS and not (rows and plan.off_policy) and not plan.sequence_replay
+    steady = compiled.HeldStance()
+    try:
+        while counters["env_steps"] < config.total_steps:
+            steady.hold(skips_guards and updates_here >= 2)
+            rollout = sampler.collect(state)
+            counters["env_steps"] += steps_per_collect
+            state["env_steps"].add_(steps_per_collect)   # in place, as `+=` is, without the TensorDict's set
+            progress.add(rollout)
+            if learner is not None:
+                learner.add(rollout)
+            with intra_op_threads(threads):
+                if learner is None:
+                    (state, metrics), n = agent.update(state, rollout), 1
+                else:
+                    state, latest, n = learner.learn(state, counters["env_steps"], steps_per_collect)
+                    metrics = latest if n else metrics
+            counters["updates"] += n
+            updates_here += n
+            progress.advance(steps_per_collect)
+            done = counters["env_steps"] >= config.total_steps
+            if counters["env_steps"] >= next_log or done:
+                steady.release()
+                next_log += log_every
+                scalars = check_finite()
+                solved = progress.close_interval(counters, plan.stop_return)
+                evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
+                progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars))
+            if solved or done or counters["env_steps"] >= next_ckpt:
+                steady.release()
+                next_ckpt += checkpoint_every
+                check_finite()
+                checkpoint()
+            if solved:
+                break
+    finally:
+        steady.release()
+        progress.close()
+        sampler.close()
+        if evaluation is not None:
+            evaluation.close()
+    if plan.plot and world.main:
+        progress.logger.plot(title=_title(plan))
+    return TrainResult(state=state, return_mean=mean_of_rows(progress.stats.means()), history=progress.logger.rows,
+                       log_dir=run_dir, eval_returns=evaluation.returns if evaluation is not None else None)
+
+
+def _metric_rows(plan, metrics, scalars: dict) -> list[dict]:
+    """The update's metrics of each row, for progress.csv (per-sample priorities left out)."""
+    if plan.rows:
+        from fnrl import seeds as vmapped
+
+        return vmapped.metric_rows(metrics, plan.width)
+    return [{k: v for k, v in scalars.items() if k != "priority"}]
+
+
+def _title(plan) -> str:
+    seeds = f"seeds {plan.seed}-{plan.seed + plan.num_seeds - 1}" if plan.num_seeds > 1 else f"seed {plan.seed}"
+    return f"{plan.name} {plan.config.env_id} {seeds}" + (f", sweep {', '.join(plan.sweep)}" if plan.sweep else "")

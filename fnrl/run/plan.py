@@ -1,0 +1,164 @@
+"""One run, resolved and checked before any work: `make_plan(world, name, config, **options)`.
+
+A plan holds the algorithm module, the config this process trains (a rank's share of the
+budget) beside the one the user asked for, the vmapped rows, the sampler, the runtime that
+will run it (the serial loop, `--sampler async`'s learner, or an algorithm's actor processes)
+and the run options. Every check of an option against the algorithm, the others and the
+machine is here, so a bad combination is one `ConfigError` line before anything is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from fnrl import algos, samplers
+from fnrl.accel.cudagraphs import check_cuda_graphs
+from fnrl.errors import ConfigError
+from fnrl.run.checkpoint import config_from_json, load_checkpoint
+
+
+@dataclass
+class Plan:
+    """A resolved run (see `make_plan`; the options are `fnrl.train.train`'s)."""
+
+    name: str
+    module: ModuleType
+    config: object
+    """what this process trains: for a data-parallel run, its share of `total_steps`"""
+    run_config: object
+    """as asked: saved in config.json and checkpoints"""
+    seed: int
+    device: str
+    runtime: str
+    """"serial", "async" (off-policy sampling in its own process) or "central" (IMPALA's actors)"""
+    sampler: str
+    rows: list | None = None
+    """the vmapped rows (`fnrl.seeds.Row`) of a --num-seeds / --sweep run; None for one seed"""
+    num_seeds: int = 1
+    sweep: dict | None = None
+    preset: str | None = None
+    ckpt: dict | None = None
+    """the checkpoint a resumed run continues from"""
+    resume: object = None
+    log_dir: object = None
+    compile: bool = True
+    quiet: bool = False
+    log_interval: int | None = None
+    checkpoint_every: int | None = None
+    threads: int | None = 1
+    update_threads: int | None = None
+    tensorboard: bool = True
+    plot: bool = True
+    stop_return: float | None = None
+    eval_interval: int | None = None
+    eval_episodes: int = 10
+    sampler_workers: int | None = None
+    cuda_graphs: bool = False
+
+    @property
+    def off_policy(self) -> bool:
+        return self.module.SPEC.off_policy
+
+    @property
+    def width(self) -> int:
+        """The independent rows trained side by side (1 without --num-seeds / --sweep)."""
+        return len(self.rows) if self.rows else 1
+
+    @property
+    def sequence_replay(self) -> bool:
+        return self.module.SPEC.replay == "sequence"
+
+
+def resumed_config(ckpt: dict, name: str, resume, world_size: int):
+    """The config of checkpoint `ckpt` (read from `resume`), after checking that algorithm `name`
+    with `world_size` processes can continue it."""
+    if ckpt.get("world_size", 1) != world_size:
+        raise ConfigError(f"checkpoint {resume} was written by {ckpt.get('world_size', 1)} processes; resume it "
+                          f"with --nproc {ckpt.get('world_size', 1)}, not {world_size}")
+    if ckpt["algo"] != name:
+        raise ConfigError(f"checkpoint {resume} is from {ckpt['algo']}, not {name}; "
+                          f"run `fnrl train {ckpt['algo']} --resume {resume}`")
+    return type(algos.default_config(name))(**config_from_json(ckpt["config"]))
+
+
+def make_plan(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu",
+              resume=None, sampler: str | None = None, num_seeds: int = 1, sweep: dict | None = None,
+              preset: str | None = None, **options) -> Plan:
+    """Resolve and check one process's run (of `world`, a fnrl.distributed World); `options` are
+    the rest of `fnrl.train.train`'s keywords, kept as they are. A resumed run takes its config,
+    seed, rows, sampler and preset from its checkpoint."""
+    module = algos.load(name)
+    ckpt = None
+    if resume is not None:
+        with world.agree():
+            ckpt = load_checkpoint(resume) if world.main else None
+        ckpt = world.broadcast_object(ckpt)
+        config = resumed_config(ckpt, name, resume, world.size)
+        log_dir, seed = resume, ckpt["seed"]
+        num_seeds, sweep = ckpt.get("num_seeds", 1), ckpt.get("sweep")
+        sampler = sampler or ckpt.get("sampler", "serial")
+        preset = ckpt.get("preset")
+    sampler = sampler or "serial"
+    if config is None:
+        from fnrl.presets import configure
+
+        config, preset = configure(name)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA device is available; use --device cpu")
+    module.validate(config)
+    runtime = "async" if sampler == "async" else module.SPEC.runtime
+    rows = None
+    if num_seeds != 1 or sweep:
+        from fnrl import seeds as vmapped
+
+        rows = vmapped.make_rows(module, config, seed, num_seeds, sweep)
+        sweep = {vmapped.ALIASES.get(k, k): [float(v) for v in vs] for k, vs in sweep.items()} if sweep else None
+    plan = Plan(name=name, module=module, config=config, run_config=config, seed=seed, device=device,
+                runtime=runtime, sampler=sampler, rows=rows, num_seeds=num_seeds, sweep=sweep, preset=preset,
+                ckpt=ckpt, resume=resume, log_dir=log_dir, **options)
+    _check(plan, world)
+    plan.device = world.device(device)
+    if world.size > 1:   # a rank runs its share of total_steps
+        plan.config = dataclasses.replace(config, total_steps=-(-config.total_steps // world.size))
+    return plan
+
+
+def _check(plan: Plan, world) -> None:
+    """Every combination check of the run's options, one ConfigError line each."""
+    name, sampler, rows = plan.name, plan.sampler, plan.rows
+    check_cuda_graphs(plan.cuda_graphs, device=plan.device, compile=plan.compile, algo=name,
+                      off_policy=plan.off_policy, sampler=sampler, central=plan.runtime == "central",
+                      single=None if not rows else False)
+    if rows and sampler not in ("serial", "graph"):
+        raise ConfigError("--num-seeds / --sweep train with the serial sampler (or the graph sampler); drop "
+                          "--sampler, or run the seeds separately")
+    eval_episodes, eval_interval = plan.eval_episodes, plan.eval_interval
+    if not isinstance(eval_episodes, int) or eval_episodes < 0:
+        raise ConfigError(f"--eval-episodes must be >= 0 (0 turns the final evaluation off), got {eval_episodes!r}")
+    if eval_interval is not None and (not isinstance(eval_interval, int) or eval_interval < 1 or not eval_episodes):
+        raise ConfigError(f"--eval-interval must be a positive number of env steps, with --eval-episodes >= 1; got "
+                          f"{eval_interval!r} and {eval_episodes!r}")
+    if world.size > 1 and (rows or sampler != "serial"):
+        raise ConfigError("data-parallel runs (--nproc / torchrun) use the serial sampler and one seed per "
+                          "process; drop --sampler / --num-seeds / --sweep")
+    if sampler != "async":
+        samplers.load(sampler)   # an unknown name: one line listing the choices
+    if sampler == "graph":
+        from fnrl.samplers.graph import check_supported
+
+        check_supported(name, plan.module)
+    if plan.update_threads is not None and plan.update_threads < 1:
+        raise ConfigError(f"--update-threads must be at least 1, got {plan.update_threads}")
+    if plan.update_threads is not None and plan.runtime != "serial":
+        raise ConfigError(f"--update-threads applies to the serial training loop, not to {name}'s {plan.runtime} "
+                          "one; drop it (--threads sets the learner's threads there)")
+    if plan.runtime == "central" and (rows or world.size > 1 or sampler != "serial"):
+        raise ConfigError(f"{name} runs its own actor processes: drop --sampler, --nproc, --num-seeds and "
+                          "--sweep (run its seeds as separate runs)")
+    if plan.runtime == "async":
+        from fnrl.train_async import check_async
+
+        check_async(name, plan.module, plan.config)
