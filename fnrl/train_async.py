@@ -27,7 +27,7 @@ from fnrl import algos, envs, rng
 from fnrl.errors import ConfigError
 from fnrl.replay import snapshot as replay_snapshot
 from fnrl.replay.shared import SharedReplay
-from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, TimedLock, start_method
+from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, TimedLock
 from fnrl.samplers.serial import SerialSampler
 from fnrl.accel.compiled import make_agent
 from fnrl.loops.off_policy import init_replay
@@ -201,7 +201,9 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
         torch.set_rng_state(ckpt["torch_rng"])
         np.random.set_state(ckpt["numpy_rng"])
     state = state.to(plan.device)
-    ctx_method = start_method(sampler_device)
+    # a fresh interpreter: a forked child inherits this process's threads' locks (compile workers,
+    # thread pools of earlier runs), and one held at the fork hangs the child for good
+    ctx_method = "spawn"
     ctx = torch.multiprocessing.get_context(ctx_method)
     saved = resumed_replay(ckpt, plan.resume, "cpu")[0] if ckpt is not None else None   # the rows it had
     replay = SharedReplay(saved if saved is not None else init_replay(config, example, spec, "cpu"),
