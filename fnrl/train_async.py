@@ -93,7 +93,7 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
 
     from fnrl.logger import Logger
 
-    sampler.start()   # before the logger's and progress bar's threads exist (the sampler may be forked)
+    sampler.start()   # a spawned process: it inherits none of this process's threads
     progress = evaluation = None
     try:
         evaluation = _evaluation(plan, counters["env_steps"])

@@ -31,12 +31,13 @@ process exits with code 1; the main process checks `exitcode` every loop and rai
 `AsyncSampler.stop()` sets the stop flag, joins with a timeout, then terminates and
 finally kills.
 
-Start method: "fork" by default on Linux for a CPU sampler (instant start: the child
-does not import torch again, which can take tens of seconds on a loaded machine); the
-child sets its own torch thread count, so a fork after single-threaded torch work is
-safe. "spawn" is used when the sampler runs on CUDA or CUDA is initialized in the main
-process (a forked child cannot use CUDA); spawn needs the usual
-`if __name__ == "__main__":` guard in scripts.
+Start method: `start_method` gives "fork" on Linux for a CPU sampler (an instant start: the
+child does not import torch again) and "spawn" when the sampler runs on CUDA or CUDA is
+initialized in the main process (a forked child cannot use CUDA). The training loop
+(`fnrl.train_async`) always spawns: a forked child inherits the locks of the training
+process's threads (Inductor's compile workers, earlier runs' thread pools), and one held at
+the fork hung the child for good. Spawn needs the usual `if __name__ == "__main__":` guard in
+scripts.
 """
 from __future__ import annotations
 
