@@ -170,7 +170,6 @@ def _steady(marks: list[tuple[int, float]], total_steps: int, warmup_steps: int 
 
 def run_fnrl(w: Workload, steps: int, compile: bool, threads: int) -> dict:
     from fnrl import algos
-    from fnrl.train import train
 
     config = type(algos.default_config(w.algo))(**{**_config_fields(w.algo), **w.config, "total_steps": steps})
     per_collect = config.num_envs * config.num_steps
@@ -246,16 +245,18 @@ def run_raw(w: Workload, seconds: float = 3.0) -> dict:
     return {"sps": sps}
 
 
-def _linear(lr: float):
+def linear_lr(lr: float):
+    """SB3's learning rate decayed linearly to 0 over the run (CleanRL's anneal_lr)."""
     return lambda progress_remaining: lr * progress_remaining
 
 
-def _sb3_ppo(env, lr=2.5e-4, **kw):
+def sb3_ppo(env, lr=2.5e-4, **kw):
+    """SB3's PPO on `env` with CleanRL's CartPole settings (128 steps x 4 minibatches x 4 epochs)."""
     import torch
     from stable_baselines3 import PPO
 
     return PPO("MlpPolicy", env, n_steps=128, batch_size=128 * env.num_envs // 4, n_epochs=4,
-               learning_rate=_linear(lr), gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5,
+               learning_rate=linear_lr(lr), gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5,
                clip_range=0.2, clip_range_vf=0.2, max_grad_norm=0.5,
                policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh),
                device=device(), seed=1, verbose=0, **kw)
@@ -264,10 +265,10 @@ def _sb3_ppo(env, lr=2.5e-4, **kw):
 def sb3_ppo_cartpole(w: Workload):
     from stable_baselines3.common.env_util import make_vec_env
 
-    return _sb3_ppo(make_vec_env("CartPole-v1", n_envs=w.config["num_envs"], seed=1), lr=w.config["learning_rate"])
+    return sb3_ppo(make_vec_env("CartPole-v1", n_envs=w.config["num_envs"], seed=1), lr=w.config["learning_rate"])
 
 
-def _sb3_pong(n_envs: int):
+def sb3_pong_envs(n_envs: int):
     """SB3's Pong: gymnasium's PongNoFrameskip-v4 with SB3's Atari wrappers and 4 stacked frames."""
     import ale_py
     import gymnasium as gym
@@ -278,10 +279,11 @@ def _sb3_pong(n_envs: int):
     return VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=n_envs, seed=1), n_stack=4)
 
 
-def sb3_ppo_pong(w: Workload):
+def sb3_ppo_pong(w: Workload | None = None):
+    """SB3's PPO on Pong with CleanRL's Atari settings (8 envs x 128 steps)."""
     from stable_baselines3 import PPO
 
-    return PPO("CnnPolicy", _sb3_pong(8), n_steps=128, batch_size=256, n_epochs=4, learning_rate=_linear(2.5e-4),
+    return PPO("CnnPolicy", sb3_pong_envs(8), n_steps=128, batch_size=256, n_epochs=4, learning_rate=linear_lr(2.5e-4),
                gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5, clip_range=0.1, clip_range_vf=0.1,
                max_grad_norm=0.5, device=device(), seed=1, verbose=0)
 
@@ -303,7 +305,7 @@ def sb3_dqn_pong(w: Workload):
 
     c = w.config
     every = round(1 / c["replay_ratio"])   # env steps per update (SB3 counts its target period in env steps)
-    return DQN("CnnPolicy", _sb3_pong(1), learning_rate=c["learning_rate"], buffer_size=c["buffer_size"],
+    return DQN("CnnPolicy", sb3_pong_envs(1), learning_rate=c["learning_rate"], buffer_size=c["buffer_size"],
                learning_starts=c["learning_starts"], batch_size=c["batch_size"], tau=1.0, gamma=c["gamma"],
                train_freq=every, gradient_steps=1, target_update_interval=every * c["target_update_interval"],
                exploration_fraction=c["eps_steps"] / w.steps, exploration_initial_eps=1.0,
@@ -325,13 +327,12 @@ SB3_MODELS = {"ppo_cartpole": sb3_ppo_cartpole, "ppo_pong": sb3_ppo_pong, "dqn_c
               "dqn_pong": sb3_dqn_pong, "sac_halfcheetah": sb3_sac_halfcheetah}
 
 
-def run_sb3(w: Workload, steps: int) -> dict:
-    import numpy as np
+def sb3_clock():
+    """An SB3 callback whose `marks` are (env steps, perf_counter s) at the start of every rollout
+    (on- and off-policy alike)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class Clock(BaseCallback):
-        """(env steps, seconds) at the start of every rollout (on- and off-policy alike)."""
-
         def __init__(self):
             super().__init__()
             self.marks = []
@@ -342,8 +343,14 @@ def run_sb3(w: Workload, steps: int) -> dict:
         def _on_step(self) -> bool:
             return True
 
+    return Clock()
+
+
+def run_sb3(w: Workload, steps: int) -> dict:
+    import numpy as np
+
     model = SB3_MODELS[w.sb3](w)
-    clock = Clock()
+    clock = sb3_clock()
     t0 = time.perf_counter()
     model.learn(total_timesteps=steps, callback=clock)
     t1 = time.perf_counter()

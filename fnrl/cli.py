@@ -292,7 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         if _rank() == 0:
             print(f"fnrl: training stopped: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from fnrl.run.stop import RunStopped
+
+        if isinstance(e, RunStopped):   # the serial loop stopped at a boundary and wrote its checkpoint
+            print(f"fnrl: {e}", file=sys.stderr)
+            return 128 + e.signum
         print("fnrl: interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130
 

@@ -15,6 +15,7 @@ import torch
 from fnrl import algos, envs, rng
 from fnrl.errors import ConfigError
 from fnrl.accel.compiled import make_agent
+from fnrl.accel.inductor import apply_workarounds
 from fnrl.run.checkpoint import config_from_json, load_checkpoint
 
 
@@ -56,6 +57,8 @@ class Evaluator:
                 raise
             raise ConfigError(f"{config.env_id} cannot render frames for --record-video: its env takes no "
                               f"render_mode='rgb_array' ({type(e).__name__})") from e
+        if compile:
+            apply_workarounds()
         with torch.random.fork_rng(devices=[]):  # building networks draws from the RNG
             self.agent = make_agent(module, config, self.env.spec, compile=compile)
 

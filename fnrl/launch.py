@@ -97,11 +97,22 @@ def load_grid(path: str | Path) -> dict:
             import yaml
         except ImportError as e:
             raise ConfigError(f"{path}: reading YAML grids needs PyYAML; write the grid as a .py file") from e
-        grid = yaml.safe_load(path.read_text())
+        try:
+            grid = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path} is not valid YAML{where} ({getattr(e, 'problem', None) or e}); fix the grid "
+                              "file") from e
     elif path.suffix == ".py":
         import runpy
 
-        grid = runpy.run_path(str(path)).get("GRID")
+        try:
+            grid = runpy.run_path(str(path)).get("GRID")
+        except SyntaxError as e:
+            raise ConfigError(f"{path} has a syntax error at line {e.lineno} ({e.msg}); fix the grid file") from e
+        except Exception as e:   # the grid file's own code failed
+            raise ConfigError(f"{path} failed to run ({type(e).__name__}: {e}); fix the grid file") from e
     else:
         raise ConfigError(f"{path}: a grid file is a .py file defining GRID or a .yaml file")
     if not isinstance(grid, dict):
@@ -160,6 +171,8 @@ def expand(grid: dict) -> list[Run]:
             algos.load(algo).validate(dataclasses.replace(default, **setting))
             tag = "".join(f"-{k}{_slug(v)}" for k, v in zip(axes, values) if len(overrides[k]) > 1)
             for seed in _axis(grid.get("seed", 0)):
+                if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+                    raise ConfigError(f"grid seeds are non-negative integers, got {seed!r}")
                 folder = root / f"{algo}-{_slug(env_id)}{tag}-s{seed}"
                 argv = ["train", algo, "--seed", str(seed), "--log-dir", str(folder), "--quiet"]
                 for k, v in setting.items():
@@ -213,7 +226,11 @@ def _child_env(gpu) -> dict:
 def _check_same_command(run: Run) -> None:
     path = run.folder / LAUNCH
     if path.exists():
-        recorded = json.loads(path.read_text()).get("argv")
+        try:
+            recorded = json.loads(path.read_text()).get("argv")
+        except (ValueError, AttributeError) as e:
+            raise ConfigError(f"{path} is corrupt ({type(e).__name__}); delete it to start that run again, or move "
+                              "the folder away") from e
         if recorded != run.argv:
             raise ConfigError(f"{run.folder} holds a run launched with other settings; "
                               f"move it away or change the grid's root")

@@ -28,7 +28,7 @@ It draws with Inductor's `fallback_random`, so it uses the random numbers that t
 `replay.sample` + `update` draw: with the same seed both give the same batches and the same
 parameters (`tests/test_learner.py`).
 
-ahead_of_time=True (the loop's choice where `fnrl.accel.aot.ENABLED`): the same step, traced once
+ahead_of_time=True (the loop's choice where `fnrl.accel.AccelOptions.ahead_of_time`): the same step, traced once
 (`make_fx` on fake tensors, through `torch.func.grad`), exported and compiled by AOTInductor
 (`fnrl.accel.aot.compile_traced`, cached on disk), then called with the ~40 tensor leaves of the
 state and the buffer as a flat list. That skips TorchDynamo's frame hook, guard lookup and

@@ -11,26 +11,44 @@ class Logger:
     """Writes each row to `progress.csv` and TensorBoard; `plot()` draws `curve.png`.
 
     The CSV header is fixed by the first row; later rows may not add columns (missing
-    ones are left empty). On resume the CSV is appended to.
+    ones are left empty). On resume (`resumed_at`: the checkpoint's env steps) the CSV is
+    continued from the checkpoint: rows logged after it (a run stopped between checkpoints) are
+    dropped, and TensorBoard hides its events after that step (`purge_step`), so no step is
+    logged twice.
     """
 
-    def __init__(self, log_dir: str | Path, tensorboard: bool = True, append: bool = False):
+    def __init__(self, log_dir: str | Path, tensorboard: bool = True, resumed_at: int | None = None):
         self.dir = Path(log_dir)
         self.path = self.dir / "progress.csv"
         self.rows: list[dict] = []
         self._fields: list[str] | None = None
-        if append and self.path.exists():
+        resumed = resumed_at is not None
+        if resumed and self.path.exists():
             with open(self.path, newline="") as f:
                 reader = csv.DictReader(f)
                 self._fields = reader.fieldnames
-                self.rows = [{k: csv_value(v) for k, v in r.items()} for r in reader]
-        self._file = open(self.path, "a" if append else "w", newline="")
+                raw = list(reader)
+            kept = [r for r in raw if not isinstance(csv_value(r.get("env_steps")), float)
+                    or csv_value(r["env_steps"]) <= resumed_at]
+            if len(kept) < len(raw):
+                self._rewrite(kept)
+            self.rows = [{k: csv_value(v) for k, v in r.items()} for r in kept]
+        self._file = open(self.path, "a" if resumed else "w", newline="")
         self._writer = None if self._fields is None else csv.DictWriter(self._file, self._fields, extrasaction="ignore")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.dir))
+            self._tb = SummaryWriter(str(self.dir), purge_step=resumed_at + 1 if resumed else None)
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        """progress.csv holding just `rows` (as read), replaced atomically."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, self._fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
 
     def log(self, row: dict) -> None:
         if self._writer is None:

@@ -44,14 +44,14 @@ priorities per row); a round samples one batch of sequences per row ([R, L, N]).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Callable, NamedTuple
 
 import torch
 from tensordict import TensorDict
 
 from fnrl import envs, rng
-from fnrl.accel import aot
+from fnrl.accel.compiled import act_randomness, ahead_of_time_act, compile_update
+from fnrl.accel.options import AccelOptions, resolve
 from fnrl.algos.common import Agent
 from fnrl.errors import ConfigError
 from fnrl.nets.core import vmapped_rows
@@ -149,7 +149,8 @@ def make_env(env_id: str, rows: list[Row], num_envs: int):
     return envs.make(env_id, len(rows) * num_envs, seed=env_seeds(rows, num_envs), backend=backend)
 
 
-def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = True) -> Agent:
+def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = True,
+               accel: AccelOptions | None = None) -> Agent:
     """An `Agent` over R = len(rows) stacked rows, each bound to its own config.
 
     init(seed) -> state [R, ...]: `agent_r.init(rows[r].seed)` stacked (the argument only
@@ -165,19 +166,21 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         Off-policy algorithms: update(state [R], batch [R, N]) -> (state [R], metrics [R]),
         one replay sample per row (`fnrl.replay.multi.sample`), the update vmapped over R;
         metrics["priority"] is then [R, N]. Sequence replay (r2d1): batch [R, L, N].
-    With `compile=True` act and update are compiled once (`fullgraph=True`; off-policy acting
-    with Inductor's fallback_random, as in a single run).
+    With `compile=True` act and update are compiled once, with the decisions of a single run
+    (`fnrl.accel.compiled`: off-policy acting with Inductor's fallback_random; acting ahead of
+    time for feed-forward policies where `accel.ahead_of_time`; accel None: from the environment).
     """
     R, B = len(rows), num_envs
-    makes_batched = "batched" in inspect.signature(module.make).parameters
+    accel = resolve(accel)
+    algorithm = module.SPEC
     row_agents = [module.make(row.config, spec) for row in rows]
     base = rows[0].config
-    if makes_batched:  # the module vmaps (and compiles) the pieces its update sequences
-        update_rows = module.make(base, spec, compile=compile, batched=True).update
+    if "batched" in algorithm.make_options:  # the module vmaps (and compiles) the pieces its update sequences
+        update_rows = module.make(base, spec, compile=compile, batched=True, ahead_of_time=accel.ahead_of_time).update
     else:
         update_rows = torch.func.vmap(row_agents[0].update, randomness="different")
         if compile:
-            update_rows = torch.compile(update_rows, fullgraph=True, dynamic=False)
+            update_rows = compile_update(update_rows)
     single_act = row_agents[0].act
 
     def init(seed: int | None = None):
@@ -197,21 +200,21 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         carry = carry.flatten(0, 1) if recurrent else None
         return action.flatten(0, 1), {k: v.flatten(0, 1) for k, v in extras.items()}, carry
 
-    off_policy = module.SPEC.off_policy
-    randomness = {"fallback_random": True} if off_policy else {}
+    off_policy = algorithm.off_policy
     eager_act_rows = act_rows
     if compile:
+        randomness = act_randomness(algorithm)
         act_rows = _tracing_rows(R, torch.compile(act_rows, fullgraph=True, dynamic=False, options=randomness or None))
 
-    act_keys = module.SPEC.act_keys
+    act_keys = algorithm.act_keys
 
     def act(state, obs, carry=None, explore: bool = True):
         if act_keys is not None:   # fewer tensors for the compiled act to guard (fnrl.accel.compiled.acting_on)
             state = state.select(*act_keys, strict=False)
         return act_rows(state, obs, carry if recurrent else None, explore)
 
-    if compile and not recurrent and aot.ENABLED:   # the sampler's calls ahead of time (fnrl.accel.aot)
-        act = aot.AotAct(_tracing_rows(R, eager_act_rows), act_keys, act, randomness)
+    if compile and not recurrent:   # the sampler's calls ahead of time (fnrl.accel.aot)
+        act = ahead_of_time_act(_tracing_rows(R, eager_act_rows), algorithm, act, accel)
 
     def update(state, rollout):
         if off_policy:  # a replay sample per row: [R, N]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 from fnrl import envs, rng
+from fnrl.accel.inductor import apply_workarounds
+from fnrl.accel.options import AccelOptions
 from fnrl.errors import ConfigError
 from fnrl.loops.serial import train_serial
 from fnrl.run.checkpoint import CHECKPOINT, CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
@@ -63,7 +65,8 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
         plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
         eval_episodes: int = 10, sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1,
-        sweep: dict | None = None, cuda_graphs: bool = False, preset: str | None = None) -> TrainResult:
+        sweep: dict | None = None, cuda_graphs: bool = False, preset: str | None = None,
+        accel: AccelOptions | None = None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`: the plan, then its loop.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -99,13 +102,18 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         compile): off-policy, the fused learner step (one seed, a row replay without frame
         stacks); on-policy (PPO, A2C), the update and a feed-forward policy's acting step (one
         seed, one process, the serial sampler).
+    accel: the speed options of a compiled run (`fnrl.accel.AccelOptions`: ahead-of-time models,
+        skipped guard checks, the fused off-policy learner step); default: all on, unless
+        `$FNRL_AHEAD_OF_TIME`, `$FNRL_SKIP_GUARDS` or `$FNRL_FUSED_LEARNER` is 0. They change
+        how steps run, not what they compute.
     """
+    apply_workarounds()
     plan = make_plan(world, name, config, seed=seed, log_dir=log_dir, device=device, compile=compile, quiet=quiet,
                      resume=resume, log_interval=log_interval, checkpoint_every=checkpoint_every, threads=threads,
                      update_threads=update_threads, tensorboard=tensorboard, plot=plot, stop_return=stop_return,
                      eval_interval=eval_interval, eval_episodes=eval_episodes, sampler=sampler,
                      sampler_workers=sampler_workers, num_seeds=num_seeds, sweep=sweep, cuda_graphs=cuda_graphs,
-                     preset=preset)
+                     preset=preset, accel=accel)
     if threads is not None:
         torch.set_num_threads(threads)
     rng.seed_everything(plan.seed, world.rank)

@@ -31,6 +31,7 @@ from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParam
 from fnrl.samplers.serial import SerialSampler
 from fnrl.accel.compiled import make_agent
 from fnrl.loops.off_policy import init_replay
+from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, resumed_replay, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, write_config_json
 from fnrl.run.health import TrainingError, check_finite as finite_scalars
@@ -97,14 +98,11 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
     progress = evaluation = None
     try:
         evaluation = _evaluation(plan, counters["env_steps"])
-        progress = Progress(Logger(run.run_dir, tensorboard=plan.tensorboard, append=ckpt is not None),
+        progress = Progress(Logger(run.run_dir, tensorboard=plan.tensorboard,
+                                   resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None),
                             f"{plan.name} {config.env_id} async", config.total_steps, quiet=plan.quiet,
                             counters=counters, episodes=ckpt.get("episodes") if ckpt is not None else None)
-        steps_per_collect = config.num_steps * config.num_envs
-        log_interval = plan.log_interval or max(steps_per_collect, config.total_steps // 100)
-        checkpoint_every = plan.checkpoint_every or max(steps_per_collect, config.total_steps // 10)
-        next_log = counters["env_steps"] + log_interval
-        next_ckpt = counters["env_steps"] + checkpoint_every
+        log, save = cadences(plan, config.num_steps * config.num_envs, counters["env_steps"])
         metrics, solved, idle = {}, False, 0.0
         env_steps, published = counters["env_steps"], counters["updates"]
         seen = sampler.read()
@@ -124,10 +122,9 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
             counters["env_steps"] = env_steps
             finished = snap["done"] and (updates >= due or starved)
             # a row is written once the updates the serial loop makes by the log boundary are done
-            caught_up = updates >= throttle.due(next_log) or starved
-            if (env_steps >= next_log and caught_up and env_steps < config.total_steps) or finished:
-                while next_log <= env_steps:
-                    next_log += log_interval
+            caught_up = updates >= throttle.due(log.next) or starved
+            if (log.due(env_steps) and caught_up and env_steps < config.total_steps) or finished:
+                log.passed(env_steps)
                 scalars = finite_scalars(metrics, env_steps, last_checkpoint)
                 progress.add_returns(sampler.returns_since(seen["episodes"]))
                 episodes = counters["episodes"] + snap["episodes"] - seen["episodes"]
@@ -138,9 +135,8 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
                 progress.write(counters, evaluations, [{k: v for k, v in scalars.items() if k != "priority"}],
                                extra=_waits(progress.interval_s, idle, snap, seen, lag), postfix={"lag": lag})
                 seen, idle = snap, 0.0
-            if solved or finished or env_steps >= next_ckpt:
-                while next_ckpt <= env_steps:
-                    next_ckpt += checkpoint_every
+            if solved or finished or save.due(env_steps):
+                save.passed(env_steps)
                 finite_scalars(metrics, env_steps, last_checkpoint)
                 checkpoint()
             if solved or finished:
@@ -186,7 +182,7 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
     steps_per_collect = config.num_steps * config.num_envs
     probe = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
     spec = probe.spec
-    agent = make_agent(module, config, spec, plan.compile)
+    agent = make_agent(module, config, spec, plan.compile, accel=plan.accel)
     state = agent.init(seed)
     try:
         example = SerialSampler(probe, agent.act, 1).collect(state).clone()   # [1, B]: the replay's row layout

@@ -17,9 +17,11 @@ import numpy as np
 import torch
 
 from fnrl import envs
+from fnrl.accel.compiled import compile_update
+from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, write_config_json
-from fnrl.run.health import TrainingError, check_finite as finite_scalars
+from fnrl.run.health import check_finite as finite_scalars, stopped_by
 from fnrl.run.progress import Progress
 from fnrl.run.result import TrainResult
 
@@ -37,7 +39,8 @@ def train_central(plan) -> TrainResult:
     update, state, counters, sampler, run_dir = _start(plan)
     last_checkpoint = run_dir / CHECKPOINT
     version = counters["updates"]
-    progress = Progress(Logger(run_dir, tensorboard=plan.tensorboard, append=ckpt is not None),
+    progress = Progress(Logger(run_dir, tensorboard=plan.tensorboard,
+                               resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None),
                         f"{name} {config.env_id}", config.total_steps, quiet=plan.quiet, counters=counters,
                         episodes=ckpt.get("episodes") if ckpt is not None else None)
     evaluation = None
@@ -53,10 +56,7 @@ def train_central(plan) -> TrainResult:
             preset=plan.preset, episodes=progress.stats.state_dict()))
 
     steps_per_update = config.num_steps * config.num_envs * config.batch_size
-    log_interval = plan.log_interval or max(steps_per_update, config.total_steps // 100)
-    checkpoint_every = plan.checkpoint_every or max(steps_per_update, config.total_steps // 10)
-    next_log = counters["env_steps"] + log_interval
-    next_ckpt = counters["env_steps"] + checkpoint_every
+    log, save = cadences(plan, steps_per_update, counters["env_steps"])
     lags: list[torch.Tensor] = []
     metrics, seen = {}, (0, 0)   # seen: the inference server's forwards and requests at the last row
     try:
@@ -65,9 +65,7 @@ def train_central(plan) -> TrainResult:
             try:
                 batch = sampler.get(config.batch_size)
             except ActorError as e:
-                kept = (f"the last checkpoint is {last_checkpoint}" if last_checkpoint.exists()
-                        else "no checkpoint was written yet")
-                raise TrainingError(f"{e} (at env step {counters['env_steps']}); {kept}") from e
+                raise stopped_by(e, counters["env_steps"], last_checkpoint) from e
             counters["env_steps"] += steps_per_update
             state["env_steps"] += steps_per_update
             lags.append((version - batch["version"])[batch["valid"]])
@@ -80,8 +78,8 @@ def train_central(plan) -> TrainResult:
             progress.advance(steps_per_update)
             solved = False
             done = counters["env_steps"] >= config.total_steps
-            if counters["env_steps"] >= next_log or done:
-                next_log += log_interval
+            if log.due(counters["env_steps"]) or done:
+                log.passed(counters["env_steps"])
                 scalars = finite_scalars(metrics, counters["env_steps"], last_checkpoint)
                 solved = progress.close_interval(counters, plan.stop_return)
                 evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
@@ -89,8 +87,8 @@ def train_central(plan) -> TrainResult:
                 progress.write(counters, evaluations, [scalars], extra=extra,
                                postfix={"lag": f"{extra['policy_lag_mean']:.1f}"})
                 lags = []
-            if solved or done or counters["env_steps"] >= next_ckpt:
-                next_ckpt += checkpoint_every
+            if solved or done or save.due(counters["env_steps"]):
+                save.passed(counters["env_steps"])
                 finite_scalars(metrics, counters["env_steps"], last_checkpoint)
                 checkpoint()
             if solved:
@@ -118,7 +116,7 @@ def _start(plan):
     # the inference thread gets its own network modules: functional_call swaps a module's
     # parameters while it runs, so one module must not serve two threads at once
     inference_act = module.make(config, spec).act
-    update = torch.compile(agent.update, fullgraph=True, dynamic=False) if plan.compile else agent.update
+    update = compile_update(agent.update) if plan.compile else agent.update
     run_dir = prepare_run_dir(plan.log_dir, name, config, seed, ckpt is not None)
     write_config_json(run_dir, name, seed, config, plan.preset)
     state = agent.init(seed)

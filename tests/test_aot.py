@@ -77,5 +77,3 @@ def test_aot_serves_the_cpu_only(monkeypatch):
 
     assert aot.serves("cpu") and aot.serves(torch.device("cpu"))
     assert not aot.serves("cuda") and not aot.serves(torch.device("cuda", 0))
-    monkeypatch.setattr(aot, "ENABLED", False)
-    assert not aot.serves("cpu")

@@ -89,14 +89,13 @@ def test_compiled_training_skipping_guards_equals_checking_them(monkeypatch, tmp
     """`train(compile=True)` skips Dynamo's guard checks once warm (fnrl.accel.compiled.steady): the same
     parameters as with the checks, off-policy (act, replay add / sample, update) and on-policy."""
     import fnrl.train as train_mod
-    from fnrl.accel import compiled
+    from fnrl.accel import AccelOptions
 
     config = dataclasses.replace(algos.default_config(name), **SKIP_GUARD_RUNS[name])
     states = []
     for skip in (False, True):
-        monkeypatch.setattr(compiled, "SKIP_GUARDS", skip)
         result = train_mod.train(name, config, seed=3, compile=True, quiet=True, log_dir=tmp_path / str(skip),
-                                 tensorboard=False, plot=False)
+                                 tensorboard=False, plot=False, accel=AccelOptions(skip_guards=skip))
         states.append(result.state)
         assert result.history[-1]["updates"] > (150 if name == "dqn" else 5)
     torch.testing.assert_close(states[1]["params"], states[0]["params"], rtol=0, atol=0)

@@ -272,7 +272,7 @@ def test_compiled_steps_of_a_run_read_no_number_off_the_device(monkeypatch, tmp_
     from torch._dynamo.backends.common import aot_autograd
 
     from fnrl import optim
-    from fnrl.accel import aot
+    from fnrl.accel import AccelOptions
     from fnrl.algos import common
     from fnrl.train import train
 
@@ -288,7 +288,6 @@ def test_compiled_steps_of_a_run_read_no_number_off_the_device(monkeypatch, tmp_
                             **{k: v for k, v in kwargs.items() if k in ("fullgraph", "dynamic")})
 
     monkeypatch.setattr(torch, "compile", compile_recording)
-    monkeypatch.setattr(aot, "ENABLED", False)   # every step through torch.compile, as on a GPU
     monkeypatch.setattr(common, "takes_both_branches", lambda pred: True)
     monkeypatch.setattr(optim, "weight_as_number", lambda tau: False)
     torch._dynamo.reset()
@@ -296,7 +295,8 @@ def test_compiled_steps_of_a_run_read_no_number_off_the_device(monkeypatch, tmp_
     off_policy = hasattr(config, "learning_starts")
     steps = dict(learning_starts=64, batch_size=16) if off_policy else dict(num_steps=4)
     config = dataclasses.replace(config, total_steps=128, hidden=(16, 16), **steps)
-    result = train(name, config, seed=0, quiet=True, tensorboard=False, plot=False, log_dir=tmp_path)
+    result = train(name, config, seed=0, quiet=True, tensorboard=False, plot=False, log_dir=tmp_path,
+                   accel=AccelOptions(ahead_of_time=False))   # every step through torch.compile, as on a GPU
     calls = {str(n.target).split(".")[-2 if str(n.target).count(".") > 1 else -1]
              for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
              for n in m.graph.nodes if n.op == "call_function"}

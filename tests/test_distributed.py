@@ -13,7 +13,6 @@ import torch
 from tensordict import TensorDict
 
 from fnrl.algos import a2c, dqn, ppo
-from fnrl.algos.common import set_gradient_reducer
 from fnrl.cli import main
 from fnrl.envs.spec import EnvSpec
 
@@ -131,7 +130,6 @@ def test_one_update_equals_single_process_update_on_concatenated_batch(tmp_path)
     cases = _cases(spec)
     _spawn(_rank_main, (str(tmp_path / "store"), cases, spec, str(tmp_path)))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
-    set_gradient_reducer(None)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)    # as the ranks: another thread count rounds the matmuls differently
     try:

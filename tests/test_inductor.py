@@ -11,9 +11,17 @@ def test_release_parses_torch_versions_and_the_rule_follows_it():
     assert inductor._release("2.13.0+cpu") == (2, 13)
     assert inductor._release("2.12.0a0+git1234") == (2, 12)
     assert inductor.LOOP_ORDERING_BROKEN == (inductor._release(torch.__version__) < (2, 12))
-    if inductor.LOOP_ORDERING_BROKEN:
-        import torch._inductor.config as config
 
+
+def test_apply_workarounds_turns_loop_ordering_off_only_where_broken(monkeypatch):
+    import torch._inductor.config as config
+
+    with config.patch(loop_ordering_after_fusion=True):
+        monkeypatch.setattr(inductor, "LOOP_ORDERING_BROKEN", False)
+        inductor.apply_workarounds()
+        assert config.loop_ordering_after_fusion is True
+        monkeypatch.setattr(inductor, "LOOP_ORDERING_BROKEN", True)
+        inductor.apply_workarounds()
         assert config.loop_ordering_after_fusion is False
 
 

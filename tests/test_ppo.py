@@ -120,12 +120,11 @@ def test_compiled_update_equals_eager_and_does_not_recompile(monkeypatch, ahead_
     compiled step (what a GPU runs, `fnrl.accel.staged.scan_on`)."""
     import warnings
 
-    from fnrl.accel import aot, staged
+    from fnrl.accel import staged
 
-    monkeypatch.setattr(aot, "ENABLED", ahead_of_time)
     monkeypatch.setattr(staged, "scan_on", lambda device: scan)
     agent, state, spec, (ro1, ro2) = rollout_for(SMALL, collects=2)
-    compiled = ppo.make(SMALL, spec, compile=True)
+    compiled = ppo.make(SMALL, spec, compile=True, ahead_of_time=ahead_of_time)
     torch.manual_seed(3)
     eager_state, eager_m = agent.update(state, ro1)
     torch.manual_seed(3)

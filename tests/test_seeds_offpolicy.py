@@ -25,7 +25,7 @@ from fnrl.distributions import tanh_normal_log_prob
 from fnrl.errors import ConfigError
 from fnrl.replay import multi
 from fnrl.samplers import SerialSampler
-from fnrl.train import load_checkpoint, train
+from fnrl.train import load_checkpoint, save_checkpoint, train
 
 DQN = dqn.Config(num_envs=3, num_steps=8, buffer_size=300, batch_size=16, learning_starts=0, total_steps=400,
                  hidden=(32, 32))
@@ -240,7 +240,7 @@ def test_train_num_seeds_logs_a_row_per_seed_and_resumes(name, tmp_path):
     ckpt = load_checkpoint(run)
     assert ckpt["state"].batch_size == (4,) and ckpt["num_seeds"] == 2
     ckpt["config"]["total_steps"] = 120
-    torch.save(ckpt, run / "checkpoint.pt")
+    save_checkpoint(run / "checkpoint.pt", ckpt)
     resumed = train(name, None, resume=run, compile=False, quiet=True, tensorboard=False, log_interval=48)
     assert resumed.state["env_steps"].tolist() == [120] * 4   # (the replay restarts empty, as in single runs)
     assert len(set(resumed.state["updates"].tolist())) == 1 and len(resumed.history) == 12

@@ -5,7 +5,7 @@ Two measurements, each interleaved in one process (rounds of A, B, C; a ratio is
 the per-round ratios, so a change of the host's speed between rounds cancels):
 
 1. per update, on a filled buffer: `separate` = `replay.can_sample` + `replay.sample(compiled=True)`
-   + the `torch.compile`d update (fnrl.train with fnrl.accel.compiled.FUSED_LEARNER = False), `fused` = the
+   + the `torch.compile`d update (fnrl.train with AccelOptions(fused_learner=False)), `fused` = the
    `fnrl.learner` step through `torch.compile` (sample -> update -> priorities as one graph,
    state donated, cpp_wrapper) + `replay.can_sample`, `ahead of time` = the same step as an
    AOTInductor model called with the flat leaves (`make_learner(..., ahead_of_time=True)`);

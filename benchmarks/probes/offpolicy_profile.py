@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: ma
 import fnrl.train as train_mod  # noqa: E402
 from fnrl import algos, replay  # noqa: E402
 from fnrl import learner as learner_steps  # noqa: E402
-from fnrl.accel import compiled  # noqa: E402
+from fnrl.accel import AccelOptions, compiled  # noqa: E402
 from fnrl.loops import serial  # noqa: E402
 from fnrl.envs.batched import BatchedEnv  # noqa: E402
 from fnrl.samplers.lane import Lane  # noqa: E402
@@ -96,7 +96,8 @@ def timer_cost(calls: int = 200_000) -> float:
     return best
 
 
-def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updates: int, learning_starts):
+def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updates: int, learning_starts,
+            skip_guards: bool = True):
     module = algos.load(algo)
     settings = dict(SETTINGS[algo])
     if learning_starts is not None:
@@ -143,7 +144,7 @@ def profile(algo: str, steps: int, compile: bool, use_cprofile: bool, warm_updat
     with tempfile.TemporaryDirectory() as tmp:
         result = train_mod.train(algo, config, seed=1, log_dir=Path(tmp) / "run", compile=compile, quiet=True,
                                  tensorboard=False, plot=False, threads=1, log_interval=FULL_RUN[algo] // 100,
-                                 checkpoint_every=FULL_RUN[algo] // 10)
+                                 checkpoint_every=FULL_RUN[algo] // 10, accel=AccelOptions(skip_guards=skip_guards))
     wall = time.perf_counter() - window["t0"]
     if prof is not None:
         prof.disable()
@@ -178,14 +179,13 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--warm-updates", type=int, default=20, help="updates before the timed window opens")
     p.add_argument("--cprofile", action="store_true")
-    p.add_argument("--check-guards", action="store_true", help="keep Dynamo's guard checks (fnrl.accel.compiled.SKIP_GUARDS)")
+    p.add_argument("--check-guards", action="store_true", help="keep Dynamo's guard checks (fnrl.accel.AccelOptions.skip_guards)")
     args = p.parse_args()
-    compiled.SKIP_GUARDS = not args.check_guards
     load0 = os.getloadavg()
     clock, wall, steps, prof = profile(args.algo, args.steps, not args.no_compile, args.cprofile,
-                                       args.warm_updates, args.learning_starts)
+                                       args.warm_updates, args.learning_starts, not args.check_guards)
     load1 = os.getloadavg()
-    print(f"{args.algo} compile={not args.no_compile} skip_guards={compiled.SKIP_GUARDS}: {steps} env steps in the window, "
+    print(f"{args.algo} compile={not args.no_compile} skip_guards={not args.check_guards}: {steps} env steps in the window, "
           f"load {load0[0]:.2f} -> {load1[0]:.2f}")
     per_call = timer_cost()
     print(f"one timer: {per_call * 1e6:.2f} µs a call")

@@ -45,9 +45,9 @@ from fnrl.algos import ppo
 from fnrl.samplers import SerialSampler
 from fnrl.train import train
 
-import sys
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: machine, suite
 from machine import cpu_model  # noqa: E402
+from suite import sb3_clock, sb3_ppo, sb3_ppo_pong  # noqa: E402  (SB3's models, as the suite runs them)
 
 OUTPUT = Path(__file__).with_suffix(".md")
 
@@ -171,25 +171,6 @@ def fnrl_run(config: ppo.Config, compile: bool, threads: int, steady_from: int) 
             "total_wall": total_wall, "return": returns[-1] if returns else float("nan"), "load": load()}
 
 
-def sb3_clock():
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class Clock(BaseCallback):
-        """(env steps, time) at the start of each rollout."""
-
-        def __init__(self):
-            super().__init__()
-            self.marks = []
-
-        def _on_rollout_start(self) -> None:
-            self.marks.append((self.num_timesteps, time.perf_counter()))
-
-        def _on_step(self) -> bool:
-            return True
-
-    return Clock()
-
-
 def sb3_learn(model, total_steps: int, steady_from: int) -> dict:
     clock = sb3_clock()
     t0 = time.perf_counter()
@@ -203,39 +184,19 @@ def sb3_learn(model, total_steps: int, steady_from: int) -> dict:
             "return": float(np.mean(returns)) if returns else float("nan"), "load": load()}
 
 
-def linear_lr(lr: float):
-    return lambda progress_remaining: lr * progress_remaining
-
-
 def sb3_cartpole(total_steps: int, steady_from: int) -> dict:
-    from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
     env = make_vec_env("CartPole-v1", n_envs=4, seed=1)  # DummyVecEnv of gymnasium CartPole-v1
-    model = PPO("MlpPolicy", env, n_steps=128, batch_size=128, n_epochs=4, learning_rate=linear_lr(2.5e-4),
-                gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5, clip_range=0.2, clip_range_vf=0.2,
-                max_grad_norm=0.5, policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]),
-                                                      activation_fn=torch.nn.Tanh),
-                device="cpu", seed=1, verbose=0)
-    out = sb3_learn(model, total_steps, steady_from)
+    out = sb3_learn(sb3_ppo(env), total_steps, steady_from)
     env.close()
     return out
 
 
 def sb3_pong(total_steps: int, steady_from: int) -> dict:
-    import ale_py
-    import gymnasium as gym
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_atari_env
-    from stable_baselines3.common.vec_env import VecFrameStack
-
-    gym.register_envs(ale_py)
-    env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=8, seed=1), n_stack=4)
-    model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=linear_lr(2.5e-4),
-                gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5, clip_range=0.1, clip_range_vf=0.1,
-                max_grad_norm=0.5, device="cpu", seed=1, verbose=0)
+    model = sb3_ppo_pong()
     out = sb3_learn(model, total_steps, steady_from)
-    env.close()
+    model.get_env().close()
     return out
 
 

@@ -2,7 +2,7 @@
 
 `ppo.make(config, spec, compile=True)` serves its update with one AOTInductor model of the
 whole iteration (advantages, every epoch and minibatch, metrics; `fnrl.accel.aot`) where
-`fnrl.accel.aot.ENABLED`; with it off, the same pieces run `torch.compile`d (prepare, then the
+`ahead_of_time=True` (`fnrl.accel.AccelOptions`); with it off, the same pieces run `torch.compile`d (prepare, then the
 scan over minibatches). Both contenders are built side by side, checked to give the same
 parameters, then timed in alternating rounds on one rollout collected by the policy, on
 three settings: `fnrl train ppo`'s default (8 envs x 32 steps, 20 epochs x 1 minibatch),
@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from fnrl import envs
-from fnrl.accel import aot
 from fnrl.algos import ppo
 from fnrl.samplers import SerialSampler
 
@@ -42,10 +41,8 @@ SETTINGS = {
 def contenders(config):
     env = envs.make(config.env_id, config.num_envs, seed=0)
     made = {}
-    for name, enabled in (("compiled pieces", False), ("ahead of time", True)):
-        aot.ENABLED = enabled
-        made[name] = ppo.make(config, env.spec, compile=True)
-    aot.ENABLED = True
+    for name, ahead_of_time in (("compiled pieces", False), ("ahead of time", True)):
+        made[name] = ppo.make(config, env.spec, compile=True, ahead_of_time=ahead_of_time)
     eager = ppo.make(config, env.spec)
     state = eager.init(0)
     rollout = SerialSampler(env, eager.act, config.num_steps).collect(state)

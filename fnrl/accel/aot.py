@@ -46,21 +46,16 @@ from tensordict import TensorDict, TensorDictBase
 from torch.utils import _pytree as pytree
 
 
-ENABLED = True
-"""Compiled training runs (`fnrl.train`, `fnrl.seeds`) act through `AotAct`, and the off-policy
-loop's fused learner step runs as an AOTInductor model (`fnrl.learner`); False: both through
-`torch.compile` only."""
-
-
 def serves(device) -> bool:
-    """Whether calls on `device` go through AOTInductor models: where `ENABLED`, on the CPU.
+    """Whether calls on `device` go through AOTInductor models (where a run asks for them,
+    `fnrl.accel.AccelOptions.ahead_of_time`): on the CPU.
 
     On the CPU a model skips TorchDynamo's guards and Python per call, which is what bounds
     small steps there. On a GPU that host time overlaps the kernels, CUDA graphs remove it
     (`fnrl.accel.cudagraphs`), and loading a CUDA model crashed the process (segmentation fault in
     `torch._inductor.aoti_load_package`, torch 2.11 on an H200, `benchmarks/gpu_graphs.md`):
     CUDA calls go through `torch.compile`."""
-    return ENABLED and torch.device(device).type == "cpu"
+    return torch.device(device).type == "cpu"
 
 
 def cache_dir() -> Path:

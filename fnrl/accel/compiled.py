@@ -1,58 +1,66 @@
 """The compile wiring of one algorithm's agent, and the stance of a warm training loop.
 
-`make_agent` is the one place an algorithm's `act` and `update` are compiled for a single-seed
-run (vmapped rows: `fnrl.seeds.make_agent`). Acting is compiled ahead of time where it can be
-(`fnrl.accel.aot.AotAct`), with a `torch.compile`d `act` for the calls that model does not
-serve (evaluation, recurrent carries). Off-policy acting is compiled with Inductor's
-`fallback_random`, so it draws exactly the random numbers eager acting draws (the same
-exploration as `compile=False`). The measurements behind these choices are in
-docs/decisions.md ("Acting is compiled ahead of time").
-
-Two switches, module attributes so a probe or test can turn them off:
-
-- `SKIP_GUARDS`: a warm loop skips TorchDynamo's guard checks (`steady`);
-- `FUSED_LEARNER`: off-policy runs sample and update in one compiled graph (`fnrl.learner`).
+`make_agent` compiles an algorithm's `act` and `update` for a single-seed run; `compile_update`,
+`act_randomness` and `ahead_of_time_act` are the decisions it makes, which `fnrl.seeds.make_agent`
+applies to vmapped rows. Acting is compiled ahead of time where it can be (`fnrl.accel.aot.AotAct`),
+with a `torch.compile`d `act` for the calls that model does not serve (evaluation, recurrent
+carries). Off-policy acting is compiled with Inductor's `fallback_random`, so it draws exactly
+the random numbers eager acting draws (the same exploration as `compile=False`). The
+measurements behind these choices are in docs/decisions.md ("Acting is compiled ahead of time").
+What a run turns on or off is `fnrl.accel.AccelOptions`, passed in.
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import torch
 
 from fnrl.accel import aot
 from fnrl.accel.inductor import compile_with_cpp_wrapper_on_cpu
-
-SKIP_GUARDS = True
-"""Runs with compile=True skip TorchDynamo's guard checks once warm (see `steady`);
-set False to keep them (e.g. while changing an algorithm's act or update)."""
-
-FUSED_LEARNER = True
-"""Off-policy runs with compile=True sample and update in one compiled graph, the state donated
-(`fnrl.learner`), for a row replay without frame deduplication and one seed; set False for a
-separately compiled sample and update (benchmarks/probes/learner_step.py compares the two)."""
+from fnrl.accel.options import AccelOptions, resolve
 
 
-def make_agent(module, config, spec, compile: bool, update_compiled_by_learner: bool = False):
-    """`module.make(config, spec)`, compiled: modules that sequence compiled pieces themselves take
-    `compile=`; otherwise the whole update is compiled here (unless `update_compiled_by_learner`:
-    the fused learner step of `fnrl.learner` compiles it with the replay draw, so `update` stays
-    eager here). Acting is compiled too: ahead of time where `aot.ENABLED`, behind a
-    `torch.compile`d fallback that uses `cpp_wrapper` on the CPU."""
-    if "compile" in inspect.signature(module.make).parameters:
-        agent = module.make(config, spec, compile=compile)
+def make_agent(module, config, spec, compile: bool, update_compiled_by_learner: bool = False,
+               accel: AccelOptions | None = None):
+    """`module.make(config, spec)`, compiled: modules that sequence compiled pieces themselves
+    (`"compile" in SPEC.make_options`) are given `compile=` and `ahead_of_time=`; otherwise the
+    whole update is compiled here (unless `update_compiled_by_learner`: the fused learner step of
+    `fnrl.learner` compiles it with the replay draw, so `update` stays eager here). Acting is
+    compiled too: ahead of time where `accel.ahead_of_time`, behind a `torch.compile`d fallback
+    that uses `cpp_wrapper` on the CPU. accel: None reads the environment (`AccelOptions.from_environ`)."""
+    accel = resolve(accel)
+    algorithm = module.SPEC
+    if "compile" in algorithm.make_options:
+        agent = module.make(config, spec, compile=compile, ahead_of_time=accel.ahead_of_time)
     else:
         agent = module.make(config, spec)
         if compile and not update_compiled_by_learner:
-            agent = agent._replace(update=torch.compile(agent.update, fullgraph=True, dynamic=False))
+            agent = agent._replace(update=compile_update(agent.update))
     if compile:
-        randomness = {"fallback_random": True} if module.SPEC.off_policy else {}
+        randomness = act_randomness(algorithm)
         act = compile_with_cpp_wrapper_on_cpu(agent.act, randomness, fullgraph=True, dynamic=False)
-        keys = module.SPEC.act_keys
-        fallback = act if keys is None else acting_on(keys, act)
-        act = aot.AotAct(agent.act, keys, fallback, randomness) if aot.ENABLED else fallback
-        agent = agent._replace(act=act)
+        fallback = act if algorithm.act_keys is None else acting_on(algorithm.act_keys, act)
+        agent = agent._replace(act=ahead_of_time_act(agent.act, algorithm, fallback, accel))
     return agent
+
+
+def compile_update(update):
+    """An update compiled whole: one graph (`fullgraph`), static shapes."""
+    return torch.compile(update, fullgraph=True, dynamic=False)
+
+
+def act_randomness(algorithm) -> dict:
+    """The Inductor options of a compiled `act` of algorithm spec `algorithm`: off-policy acting
+    draws what eager acting draws (`fallback_random`), so compiling leaves exploration as it is."""
+    return {"fallback_random": True} if algorithm.off_policy else {}
+
+
+def ahead_of_time_act(eager_act, algorithm, fallback, accel: AccelOptions):
+    """`fallback` (a compiled `act`), or where `accel.ahead_of_time` an `aot.AotAct` of
+    `eager_act` that serves the sampler's calls and passes the others to `fallback`."""
+    if not accel.ahead_of_time:
+        return fallback
+    return aot.AotAct(eager_act, algorithm.act_keys, fallback, act_randomness(algorithm))
 
 
 def acting_on(keys, act):
@@ -78,7 +86,7 @@ def steady(warm: bool):
     same structures every time, and each call's guard check costs about as much as the math of a
     small network on the CPU. A call that would still need a new graph raises a RuntimeError
     ("Recompilation triggered with skip_guard_eval_unsafe stance") rather than run a wrong one;
-    SKIP_GUARDS = False turns this off. Elsewhere (warm False): a no-op context."""
+    `AccelOptions.skip_guards` off keeps them. Elsewhere (warm False): a no-op context."""
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if warm else contextlib.nullcontext()
 
 

@@ -1,4 +1,6 @@
-"""TorchInductor settings that fnrl's compiled steps need on some torch versions (applied on import).
+"""Compiling with Inductor's `cpp_wrapper` on the CPU, and a setting compiled steps need on some
+torch versions (`apply_workarounds`, which `fnrl.train` and `fnrl.evaluate` call; a program that
+compiles fnrl's primitives itself on such a torch calls it too).
 
 torch < 2.12: Inductor's loop reordering after fusion fails with a bare AssertionError
 (`ForeachKernelSchedulerNode.reorder_loops_by_dep_pair`, pytorch/pytorch#176591, fixed by
@@ -21,10 +23,14 @@ def _release(version: str) -> tuple[int, int]:
 LOOP_ORDERING_BROKEN = _release(torch.__version__) < (2, 12)
 """This torch's Inductor has pytorch#176591 (module docstring)."""
 
-if LOOP_ORDERING_BROKEN:
-    import torch._inductor.config as _config
 
-    _config.loop_ordering_after_fusion = False
+def apply_workarounds() -> None:
+    """Turn off what this torch's Inductor gets wrong for fnrl's steps (module docstring): loop
+    reordering after fusion where `LOOP_ORDERING_BROKEN`. A no-op on other versions; idempotent."""
+    if LOOP_ORDERING_BROKEN:
+        import torch._inductor.config as config
+
+        config.loop_ordering_after_fusion = False
 
 
 def first_tensor(*args) -> torch.Tensor:

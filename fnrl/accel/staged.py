@@ -44,7 +44,7 @@ def staged_update(iteration: Callable, prepare: Callable, steps: Callable, step:
     docstring says for `device`.
 
     ahead_of_time: whether the iteration may be exported as one model (False, e.g., for a
-        recurrent policy's unrolls); only with `compile` and where `aot.ENABLED`.
+        recurrent policy's unrolls, or `AccelOptions.ahead_of_time` off); only with `compile`.
     subject: how the one-line warning names the update if its model cannot be built.
     export_args: `args` as the exported model takes them (default: as they are), e.g. without a
         tensor that aliases another one."""
@@ -54,7 +54,7 @@ def staged_update(iteration: Callable, prepare: Callable, steps: Callable, step:
         pieces = tuple(torch.compile(f, fullgraph=True, dynamic=False) for f in pieces)
         loop_pieces = (pieces[0], steps(torch.compile(step, fullgraph=True, dynamic=False)), pieces[2])
     whole = None   # the iteration as one AOTInductor model (`aot.AotFunction`), built at the first call
-    exporting = compile and aot.ENABLED and ahead_of_time
+    exporting = compile and ahead_of_time
 
     def run(device: torch.device, *args):
         nonlocal whole, exporting

@@ -67,7 +67,7 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
 
     `loss_fn(params, *args) -> (loss, metrics)`. Returns
     `(params, opt_state, metrics)` with `metrics["loss"]` added. The gradients pass
-    through the reducer of `set_gradient_reducer` (if any) before the optimizer.
+    through the reducer of `reducing_gradients` (if one is open) before the optimizer.
     """
     if _plain_eager():
         grads, (loss, metrics) = _autograd_grad_and_value(loss_fn, params, *args)
@@ -199,13 +199,19 @@ def takes_both_branches(pred: torch.Tensor) -> bool:
 _gradient_reducer: Callable | None = None
 
 
-def set_gradient_reducer(reducer: Callable | None) -> None:
-    """Apply `reducer(grads) -> grads` in every `gradient_step`, between the gradient and the
-    optimizer (None: no reduction). `fnrl.distributed` installs its all-reduce mean here, so
-    every algorithm trains data-parallel without a change to its file. Install it before the
-    update is compiled (a compiled update that ran without it recompiles once)."""
+@contextlib.contextmanager
+def reducing_gradients(reducer: Callable | None):
+    """While open, every `gradient_step` applies `reducer(grads) -> grads` between the gradient and
+    the optimizer (None: no reduction); on exit the reducer before it is back. A data-parallel
+    rank (`fnrl.distributed.data_parallel.ProcessGroupWorld`) holds its all-reduce mean open for
+    its whole run, so every algorithm trains data-parallel without a change to its file. Open it
+    before the update is compiled (a compiled update that ran without it recompiles once)."""
     global _gradient_reducer
-    _gradient_reducer = reducer
+    before, _gradient_reducer = _gradient_reducer, reducer
+    try:
+        yield
+    finally:
+        _gradient_reducer = before
 
 
 def _eager_under_transform() -> bool:

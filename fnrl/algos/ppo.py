@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from tensordict import TensorDict
@@ -49,7 +50,7 @@ ACT_KEYS = ("params", "obs_rms")
 SWEEPABLE = ("learning_rate", "ent_coef", "vf_coef", "clip_coef", "gamma", "gae_lambda")
 """Config fields held as tensors in the state (`state["hp"]`, the optimizer's stored rate),
 so `fnrl train ppo --sweep FIELD=v1,v2` can train several values in one vmapped process."""
-SPEC = AlgorithmSpec(kind="on_policy", act_keys=ACT_KEYS, sweepable=SWEEPABLE)
+SPEC = AlgorithmSpec(kind="on_policy", act_keys=ACT_KEYS, sweepable=SWEEPABLE, make_options=("compile", "batched"))
 
 
 @dataclass
@@ -300,13 +301,15 @@ def _iteration(config: Config, pieces, state: TensorDict, rollout: TensorDict, l
     return new_state, TensorDict(metrics, batch_size=rows)
 
 
-def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = False) -> Agent:
+def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = False,
+         ahead_of_time: bool = True) -> Agent:
     """Bind PPO to an environment: returns `Agent(init, act, update)`.
 
     `update` runs all epochs and minibatches of one iteration: `prepare` (advantages, targets,
     normalizers) -> every minibatch step in order (a scan) -> `kl_adapt`, all pure. How they run
     (eager, compiled, one ahead-of-time model of the whole iteration on the CPU for a
-    feed-forward policy, a loop of one compiled step on a GPU) is `fnrl.accel.staged`'s choice.
+    feed-forward policy, a loop of one compiled step on a GPU) is `fnrl.accel.staged`'s choice;
+    ahead_of_time=False rules the model out (`fnrl.accel.AccelOptions`).
 
     batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and
     trains the K rows independently: each piece is `torch.func.vmap`-ed over the leading
@@ -316,17 +319,11 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     """
     validate(config, spec)
     dist = action_dist(spec)
-    T, B = config.num_steps, config.num_envs
-    n = T * B
+    T, B, n = config.num_steps, config.num_envs, config.num_steps * config.num_envs
     recurrent = config.core != "none"
     # recurrent: minibatches are sets of whole env sequences [T, b]; else sets of steps [n / m]
     mb_size = (B if recurrent else n) // config.num_minibatches
-    iterations = max(1, config.total_steps // n)
-    grad_steps = iterations * config.update_epochs * config.num_minibatches
-    decay = optim.linear_schedule(1.0, 0.0, grad_steps) if config.anneal_lr else None
-    opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.scale_by_adam(eps=config.adam_eps),
-                      optim.scale_by_stored_learning_rate(config.learning_rate, decay))
-
+    opt = _optimizer(config)
     build, rnn, policy = config_policy(config, spec)
 
     def forward(params, batch):
@@ -338,21 +335,6 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
 
     def observe(state, obs):
         return rms_normalize(state["obs_rms"], obs) if config.normalize_obs else obs
-
-    def init(seed: int) -> TensorDict:
-        params = init_params(build, seed)
-        hp = {k: torch.tensor(float(getattr(config, k))) for k in SWEEPABLE if k != "learning_rate"}
-        state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64),
-                 "seed": torch.tensor(rng.derive(seed, rng.MINIBATCH), dtype=torch.int64),
-                 "hp": TensorDict(hp, batch_size=[])}
-        if config.normalize_obs:
-            state["obs_rms"] = rms_init(spec.obs_shape)
-        if config.normalize_reward:
-            state["rew_rms"] = rms_init(())
-            state["ret"] = torch.zeros(B)
-        if config.penalty == "kl":
-            state["kl_coef"] = torch.tensor(config.kl_init_coef)
-        return TensorDict(state, batch_size=[])
 
     # the critic's values: recorded while acting where they cost one head on the actor's torso (images),
     # else evaluated by `prepare` on the whole rollout in one batched call, with the parameters that acted
@@ -400,7 +382,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
 
     steps = functools.partial(_epochs, rows=batched, clip_range=functools.partial(_clip_range, config))
     run = staged_update(functools.partial(_iteration, config), prepare, steps, step, kl_adapt, compile=compile,
-                        ahead_of_time=not recurrent, subject="the PPO update is",
+                        ahead_of_time=ahead_of_time and not recurrent, subject="the PPO update is",
                         # next_obs shares obs's memory (one [T + 1] buffer): the model reads obs and a
                         # copy of its last row
                         export_args=lambda state, rollout, last_obs, perms: (state, rollout.exclude("next_obs"),
@@ -418,4 +400,35 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         return run(perms.device, state, rollout, last_obs, perms)
 
     update.minibatch_order = minibatch_order
-    return Agent(init=init, act=act, update=update)
+    return Agent(init=_initializer(config, spec, build, opt), act=act, update=update)
+
+
+def _optimizer(config: Config):
+    """Adam after global-norm clipping, its learning rate stored in the state (sweepable) and,
+    with `anneal_lr`, decayed linearly to 0 over the run's gradient steps."""
+    n = config.num_steps * config.num_envs
+    grad_steps = max(1, config.total_steps // n) * config.update_epochs * config.num_minibatches
+    decay = optim.linear_schedule(1.0, 0.0, grad_steps) if config.anneal_lr else None
+    return optim.chain(optim.clip_by_global_norm(config.max_grad_norm), optim.scale_by_adam(eps=config.adam_eps),
+                       optim.scale_by_stored_learning_rate(config.learning_rate, decay))
+
+
+def _initializer(config: Config, spec: EnvSpec, build, opt) -> Callable:
+    """`init(seed) -> state`: parameters, optimizer moments, env steps, the minibatch seed, the
+    sweepable hyperparameters, and the normalizers and KL coefficient the config uses."""
+    def init(seed: int) -> TensorDict:
+        params = init_params(build, seed)
+        hp = {k: torch.tensor(float(getattr(config, k))) for k in SWEEPABLE if k != "learning_rate"}
+        state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64),
+                 "seed": torch.tensor(rng.derive(seed, rng.MINIBATCH), dtype=torch.int64),
+                 "hp": TensorDict(hp, batch_size=[])}
+        if config.normalize_obs:
+            state["obs_rms"] = rms_init(spec.obs_shape)
+        if config.normalize_reward:
+            state["rew_rms"] = rms_init(())
+            state["ret"] = torch.zeros(config.num_envs)
+        if config.penalty == "kl":
+            state["kl_coef"] = torch.tensor(config.kl_init_coef)
+        return TensorDict(state, batch_size=[])
+
+    return init

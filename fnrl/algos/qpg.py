@@ -429,24 +429,6 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             return 0.0
         return params["log_alpha"][0].exp().detach() if config.autotune else config.alpha
 
-    def init(seed: int) -> TensorDict:
-        params = nets.init(seed)
-        if sac and config.autotune:
-            # shape [1], not 0-d: optim's float64 bias corrections would promote a 0-d float32 leaf
-            params["log_alpha"] = torch.full((1,), math.log(config.alpha_init))
-        state = {
-            "params": params,
-            "target": params.select(*target_keys).clone(),
-            "opt_state": opt.init(params),
-            "env_steps": torch.zeros((), dtype=torch.int64),
-            "updates": torch.zeros((), dtype=torch.int64),
-        }
-        if delayed:   # the last actor step's metrics, reported by the steps in between
-            state["actor_metrics"] = TensorDict({k: torch.zeros(()) for k in actor_metrics}, batch_size=[])
-        if config.normalize_obs:
-            state["obs_rms"] = rms_init(spec.obs_shape)
-        return TensorDict(state, batch_size=[])
-
     def act(state, obs, carry, explore: bool = True):
         obs_n = observe(state, obs)
         actor_params = state["params"]["actor"]
@@ -515,4 +497,31 @@ def make(config: Config, spec: EnvSpec) -> Agent:
             m["alpha"] = torch.as_tensor(alpha, dtype=torch.float32)
         return new_state, TensorDict(m, batch_size=[])
 
-    return Agent(init=init, act=act, update=update)
+    return Agent(init=_initializer(config, spec, nets, opt, target_keys, actor_metrics), act=act, update=update)
+
+
+def _initializer(config: Config, spec: EnvSpec, nets, opt, target_keys: tuple, actor_metrics: tuple) -> Callable:
+    """`init(seed) -> state`: parameters (SAC's log temperature where it is tuned), the target
+    copies of `target_keys`, optimizer moments, counters, the last actor step's metrics (TD3's
+    delayed policy) and the observation normalizer the config uses."""
+    sac = config.algo == "sac"
+
+    def init(seed: int) -> TensorDict:
+        params = nets.init(seed)
+        if sac and config.autotune:
+            # shape [1], not 0-d: optim's float64 bias corrections would promote a 0-d float32 leaf
+            params["log_alpha"] = torch.full((1,), math.log(config.alpha_init))
+        state = {
+            "params": params,
+            "target": params.select(*target_keys).clone(),
+            "opt_state": opt.init(params),
+            "env_steps": torch.zeros((), dtype=torch.int64),
+            "updates": torch.zeros((), dtype=torch.int64),
+        }
+        if config.policy_delay > 1:   # the last actor step's metrics, reported by the steps in between
+            state["actor_metrics"] = TensorDict({k: torch.zeros(()) for k in actor_metrics}, batch_size=[])
+        if config.normalize_obs:
+            state["obs_rms"] = rms_init(spec.obs_shape)
+        return TensorDict(state, batch_size=[])
+
+    return init

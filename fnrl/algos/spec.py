@@ -11,6 +11,8 @@ from dataclasses import dataclass
 KINDS = ("on_policy", "off_policy")
 RUNTIMES = ("serial", "central")
 REPLAYS = (None, "row", "sequence")
+MAKE_OPTIONS = {"compile": ("compile", "ahead_of_time"), "batched": ("batched",)}
+"""The keyword options an algorithm's `make` may declare, with the parameters each one means."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,11 @@ class AlgorithmSpec:
     sweepable: the Config fields that rows of one vmapped run may vary (`--sweep FIELD=...`): their
         values live in the state, so one compiled update serves every row. An on-policy algorithm
         that declares none cannot be vmapped.
+    make_options: what `make(config, env_spec, ...)` takes beyond its two arguments:
+        "compile": it compiles the pieces its update sequences itself (`compile=`, and
+        `ahead_of_time=` for whether they may run as one AOTInductor model; `fnrl.accel.staged`),
+        so `fnrl.accel.compiled.make_agent` does not compile its update; "batched": with
+        `batched=True` its update trains K stacked rows, vmapped piece by piece (`fnrl.seeds`).
     """
 
     kind: str
@@ -36,6 +43,7 @@ class AlgorithmSpec:
     replay: str | None = None
     act_keys: tuple | None = None
     sweepable: tuple[str, ...] = ()
+    make_options: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -45,6 +53,9 @@ class AlgorithmSpec:
         if self.replay not in REPLAYS or (self.replay is None) != (self.kind == "on_policy"):
             raise ValueError(f"replay is 'row' or 'sequence' for off-policy algorithms and None for on-policy "
                              f"ones, got {self.replay!r} for {self.kind}")
+        unknown = [o for o in self.make_options if o not in MAKE_OPTIONS]
+        if unknown:
+            raise ValueError(f"make_options may hold {', '.join(MAKE_OPTIONS)}, got {', '.join(unknown)}")
 
     @property
     def off_policy(self) -> bool:
@@ -54,6 +65,7 @@ class AlgorithmSpec:
 def check_module(name: str, module) -> None:
     """TypeError naming what algorithm module `module` (registered as `name`) lacks of the contract."""
     import dataclasses
+    import inspect
 
     spec = getattr(module, "SPEC", None)
     if not isinstance(spec, AlgorithmSpec):
@@ -68,3 +80,8 @@ def check_module(name: str, module) -> None:
     unknown = [f for f in spec.sweepable if f not in fields]
     if unknown:
         raise TypeError(f"algorithm {name!r} declares sweepable fields that its Config lacks: {', '.join(unknown)}")
+    params = inspect.signature(module.make).parameters
+    missing = [p for o in spec.make_options for p in MAKE_OPTIONS[o] if p not in params]
+    if missing:
+        raise TypeError(f"algorithm {name!r} declares make_options {spec.make_options} but its make() takes no "
+                        f"{', '.join(missing)}")

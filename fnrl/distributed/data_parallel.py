@@ -114,10 +114,11 @@ class World:
 
 class ProcessGroupWorld(World):
     """The ranks of an initialized default process group (joined from torchrun's environment
-    variables if none is initialized yet). Installs `all_reduce_mean` as the gradient reducer
-    of `gradient_step` until `close()`."""
+    variables if none is initialized yet). Holds `all_reduce_mean` open as the gradient reducer
+    of `gradient_step` (`fnrl.algos.common.reducing_gradients`) until `close()`."""
 
     def __init__(self, device: str = "cpu"):
+        self._reducing = None
         self._owns_group = not dist.is_initialized()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if self._owns_group:
@@ -128,7 +129,8 @@ class ProcessGroupWorld(World):
             dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self._cuda = dist.get_backend() == "nccl"
-        common.set_gradient_reducer(all_reduce_mean)
+        self._reducing = common.reducing_gradients(all_reduce_mean)
+        self._reducing.__enter__()
 
     def device(self, device: str) -> str:
         return f"cuda:{self.local_rank}" if device == "cuda" else device
@@ -193,7 +195,9 @@ class ProcessGroupWorld(World):
         return [v for r, n in enumerate(lengths) for v in table[r, :n].tolist()]
 
     def close(self) -> None:
-        common.set_gradient_reducer(None)
+        if self._reducing is not None:
+            reducing, self._reducing = self._reducing, None
+            reducing.__exit__(None, None, None)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 

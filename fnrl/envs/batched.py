@@ -364,7 +364,7 @@ class BatchedEnv:
 
     def state_dict(self) -> dict | None:
         """The envs mid-episode, where the backend can snapshot them (fnrl's in-process gymnasium
-        envs whose envs pickle: `InProcessEnvs.snapshot`), with the episode bookkeeping; else None
+        envs whose state is plain data: `InProcessEnvs.snapshot`), with the episode bookkeeping; else None
         (EnvPool cannot snapshot its envs)."""
         snapshot = getattr(self.raw, "snapshot", None)
         raw = snapshot() if snapshot is not None else None

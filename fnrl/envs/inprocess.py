@@ -9,13 +9,29 @@ observations: `BatchedEnv.step_arrays` over 1-8 CartPole or Pendulum envs is 1.0
 fast (`benchmarks/probes/env_step.md`, 2-core CPU). Same seeding (env i of `reset(seed=s)` gets
 `s + i`) and the same autoreset as `SyncVectorEnv(autoreset_mode=NEXT_STEP)`, so both give
 the same steps (`tests/test_envs.py::test_in_process_envs_step_as_gymnasium_sync_vector_env`).
+
+`snapshot` / `restore` save and continue the envs mid-episode as plain data (numbers, strings,
+arrays: what a checkpoint may hold without running code when it is read, `fnrl.run.plain`):
+the attributes of every wrapper layer and of the env itself, and its random generator's state.
 """
 from __future__ import annotations
 
-import pickle
+import copy
+import json
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
+
+_REBUILT = (gym.Env, gym.spaces.Space, EnvSpec)
+"""What a fresh env of the same id builds again by itself (an inner env, spaces, the spec): left
+out of a snapshot; an attribute of any other type that is not plain data rules the snapshot out."""
+
+GENERATOR = "__numpy_generator_state__"
+"""The key under which a snapshot holds a `numpy.random.Generator`'s state (JSON)."""
+
+BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+"""The numpy bit generators a snapshot may name."""
 
 
 class InProcessEnvs:
@@ -70,21 +86,23 @@ class InProcessEnvs:
         return (self._stack(observations), np.array(rewards, dtype=np.float32), np.array(terminated, dtype=bool),
                 np.array(truncated, dtype=bool), {})
 
-    def snapshot(self) -> bytes | None:
-        """The envs as they stand (pickled: their states, time limits and random generators), or
-        None where an env does not pickle (e.g. one holding a simulator handle or a window)."""
-        try:
-            return pickle.dumps((self.envs, self._ended))
-        except Exception:   # noqa: BLE001 - whatever stops pickling: no snapshot
+    def snapshot(self) -> dict | None:
+        """The envs as they stand, as plain data: each env's layers (wrappers, then the env), their
+        plain attributes (state, elapsed steps, flags) and the env's random generator; None where
+        an env holds state that is not plain data (e.g. a simulator handle or a window)."""
+        envs = [_env_snapshot(env) for env in self.envs]
+        if any(layers is None for layers in envs):
             return None
+        return {"envs": envs, "ended": list(self._ended)}
 
-    def restore(self, snapshot: bytes) -> None:
-        """Continue from `snapshot()`'s envs (closing the current ones)."""
-        envs, ended = pickle.loads(snapshot)
+    def restore(self, snapshot: dict) -> None:
+        """Continue from `snapshot()`'s envs: their attributes set on these envs, made alike."""
+        envs = snapshot["envs"]
         if len(envs) != self.num_envs:
             raise ValueError(f"a snapshot of {len(envs)} envs for {self.num_envs}")
-        self.close()
-        self.envs, self._ended = envs, list(ended)
+        for env, layers in zip(self.envs, envs):
+            _restore_env(env, layers)
+        self._ended = [bool(e) for e in snapshot["ended"]]
 
     def render(self) -> tuple:
         """Each env's `render()` (envs made with a `render_mode`)."""
@@ -93,3 +111,57 @@ class InProcessEnvs:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _layers(env) -> list:
+    """The wrapper layers of `env`, outermost first, then the env itself."""
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper):
+        layers.append(layers[-1].env)
+    return layers
+
+
+def _plain(value) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        return True
+    if isinstance(value, np.ndarray):
+        return not value.dtype.hasobject
+    if type(value) in (list, tuple):
+        return all(_plain(v) for v in value)
+    if type(value) is dict:
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _env_snapshot(env) -> list[dict] | None:
+    """[the plain attributes of each layer of `env`], the generator's state as JSON under
+    `_np_random` (its 128-bit integers do not fit a tensor); None if a layer holds another value."""
+    layers = []
+    for layer in _layers(env):
+        values = {}
+        for key, value in vars(layer).items():
+            if isinstance(value, np.random.Generator):
+                values[key] = {GENERATOR: json.dumps(value.bit_generator.state)}
+            elif _plain(value):
+                values[key] = copy.deepcopy(value)
+            elif not isinstance(value, _REBUILT):
+                return None
+        layers.append(values)
+    return layers
+
+
+def _restore_env(env, layers: list[dict]) -> None:
+    own = _layers(env)
+    if len(own) != len(layers):
+        raise ValueError(f"a snapshot of an env with {len(layers)} layers for one with {len(own)}")
+    for layer, values in zip(own, layers):
+        for key, value in values.items():
+            if isinstance(value, dict) and set(value) == {GENERATOR}:
+                state = json.loads(value[GENERATOR])
+                if state.get("bit_generator") not in BIT_GENERATORS:
+                    raise ValueError(f"a snapshot names an unknown bit generator {state.get('bit_generator')!r}")
+                value = np.random.Generator(getattr(np.random, state["bit_generator"])())
+                value.bit_generator.state = state
+            else:
+                value = copy.deepcopy(value)
+            setattr(layer, key, value)

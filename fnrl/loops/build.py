@@ -31,15 +31,16 @@ def env_and_agent(plan, world):
     else:   # each env of each rank its own seed (fnrl.rng)
         env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(plan.seed, config.num_envs, world.rank))
     # one compiled graph samples and updates (fnrl.learner): row replay without frame dedup, one seed
-    fused = (compiled.FUSED_LEARNER and plan.compile and plan.off_policy and not rows and not plan.sequence_replay
+    fused = (plan.accel.fused_learner and plan.compile and plan.off_policy and not rows and not plan.sequence_replay
              and not env.spec.is_atari)
     check_cuda_graphs(plan.cuda_graphs, device=plan.device, compile=plan.compile, algo=plan.name,
                       off_policy=plan.off_policy, fused_learner=fused and world.size == 1,
                       single=not rows and world.size == 1)
     if rows:
-        agent = vmapped.make_agent(plan.module, rows, env.spec, config.num_envs, plan.compile)
+        agent = vmapped.make_agent(plan.module, rows, env.spec, config.num_envs, plan.compile, accel=plan.accel)
     else:
-        agent = compiled.make_agent(plan.module, config, env.spec, plan.compile, update_compiled_by_learner=fused)
+        agent = compiled.make_agent(plan.module, config, env.spec, plan.compile, update_compiled_by_learner=fused,
+                                    accel=plan.accel)
     if plan.cuda_graphs and not plan.off_policy:   # the update and the acting step, each replayed from a CUDA graph
         from fnrl.accel.cudagraphs import graphed_on_policy
 
@@ -85,7 +86,7 @@ def run_progress(plan, world, run_dir, counters) -> Progress:
     """progress.csv (appended to on resume), TensorBoard and the bar; rank 0 writes, the others keep rows."""
     from fnrl.logger import Logger
 
-    logger = Logger(run_dir, tensorboard=plan.tensorboard, append=plan.ckpt is not None) if world.main else RowsOnly()
+    logger = Logger(run_dir, tensorboard=plan.tensorboard, resumed_at=_resumed_at(plan)) if world.main else RowsOnly()
     logger.group_keys = tuple(plan.sweep or ())
     episodes = plan.ckpt.get("episodes") if plan.ckpt is not None else None
     return Progress(logger, f"{plan.name} {plan.config.env_id}", plan.config.total_steps, plan.width, world=world,
@@ -107,3 +108,7 @@ def update_threads(plan, world, env) -> int | None:
         env.poll = False
     return threads
 
+
+def _resumed_at(plan) -> int | None:
+    """The env steps of the checkpoint a resumed run continues (None for a new run)."""
+    return plan.ckpt["counters"]["env_steps"] if plan.ckpt is not None else None

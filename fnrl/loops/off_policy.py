@@ -12,7 +12,6 @@ algorithms (R2D1, `fnrl.replay.sequence`), or one of either per vmapped row (`fn
 """
 from __future__ import annotations
 
-from fnrl.accel import aot
 from fnrl import learner as learner_steps
 from fnrl.run.checkpoint import replay_to_save, resumed_replay
 
@@ -30,7 +29,7 @@ class ReplayLearner:
         self.buffer, self.credit = (resumed_replay(plan.ckpt, plan.resume, plan.device) if plan.ckpt is not None
                                     else (None, 0.0))
         self._learn = learner_steps.make_learner(update, self.config.batch_size, self.config.prioritized, fused=fused,
-                                   ahead_of_time=fused and ahead_of_time and aot.ENABLED, replay=self.replay,
+                                   ahead_of_time=fused and ahead_of_time and plan.accel.ahead_of_time, replay=self.replay,
                                    sample_options={} if plan.sequence_replay else {"compiled": plan.compile},
                                    rows=bool(plan.rows), cuda_graph=plan.cuda_graphs)
 
@@ -50,7 +49,7 @@ class ReplayLearner:
             return
         if self.buffer is None:
             self.buffer = init_replay(self.config, rollout, self.spec, plan.device, plan.rows)
-        self.buffer = self.replay.add(self.buffer, rollout, compiled=plan.compile, ahead_of_time=aot.ENABLED)
+        self.buffer = self.replay.add(self.buffer, rollout, compiled=plan.compile, ahead_of_time=plan.accel.ahead_of_time)
 
     def learn(self, state, env_steps: int, collected: int):
         """Run the updates due after `collected` more env steps (this rank's count now `env_steps`):

@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 
 from fnrl import samplers
+from fnrl.samplers.async_ import SamplerError
 from fnrl.accel import compiled
 from fnrl.loops.build import env_and_agent, initial_state, run_evaluation, run_progress, update_threads
 from fnrl.loops.off_policy import ReplayLearner
+from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, write_config_json
-from fnrl.run.health import non_finite_losses, raise_if_loss_not_finite, scalar_metrics
+from fnrl.run.health import non_finite_losses, raise_if_loss_not_finite, scalar_metrics, stopped_by
 from fnrl.run.result import TrainResult, mean_of_rows
+from fnrl.run.stop import StopRequest
 from fnrl.run.threads import intra_op_threads
 
 
@@ -44,9 +47,7 @@ def train_serial(plan, world) -> TrainResult:
     progress = run_progress(plan, world, run_dir, counters)
     threads = update_threads(plan, world, env)
     steps_per_collect = config.num_steps * config.num_envs
-    log_every = plan.log_interval or max(steps_per_collect, config.total_steps // 100)
-    checkpoint_every = plan.checkpoint_every or max(steps_per_collect, config.total_steps // 10)
-    next_log, next_ckpt = counters["env_steps"] + log_every, counters["env_steps"] + checkpoint_every
+    log, save = cadences(plan, steps_per_collect, counters["env_steps"])
     last_checkpoint = run_dir / CHECKPOINT if world.main else "on rank 0"
 
     def check_finite() -> dict:   # the mean over ranks, so that every rank stops together
@@ -65,47 +66,53 @@ def train_serial(plan, world) -> TrainResult:
                 **({"num_seeds": plan.num_seeds, "sweep": plan.sweep} if rows else {})))
 
     metrics, solved, updates_here = {}, False, 0   # updates_here: in this process (warm after two)
-    skips_guards = plan.compile and compiled.SKIP_GUARDS and not (rows and plan.off_policy) and not plan.sequence_replay
+    skips_guards = (plan.compile and plan.accel.skip_guards and not (rows and plan.off_policy)
+                    and not plan.sequence_replay)
     steady = compiled.HeldStance()
-    try:
-        while counters["env_steps"] < config.total_steps:
-            steady.hold(skips_guards and updates_here >= 2)
-            rollout = sampler.collect(state)
-            counters["env_steps"] += steps_per_collect
-            state["env_steps"].add_(steps_per_collect)   # in place, as `+=` is, without the TensorDict's set
-            progress.add(rollout)
-            if learner is not None:
-                learner.add(rollout)
-            with intra_op_threads(threads):
-                if learner is None:
-                    (state, metrics), n = agent.update(state, rollout), 1
-                else:
-                    state, latest, n = learner.learn(state, counters["env_steps"], steps_per_collect)
-                    metrics = latest if n else metrics
-            counters["updates"] += n
-            updates_here += n
-            progress.advance(steps_per_collect)
-            done = counters["env_steps"] >= config.total_steps
-            if counters["env_steps"] >= next_log or done:
-                steady.release()
-                next_log += log_every
-                scalars = check_finite()
-                solved = progress.close_interval(counters, plan.stop_return)
-                evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
-                progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars))
-            if solved or done or counters["env_steps"] >= next_ckpt:
-                steady.release()
-                next_ckpt += checkpoint_every
-                check_finite()
-                checkpoint()
-            if solved:
-                break
-    finally:
-        steady.release()
-        progress.close()
-        sampler.close()
-        if evaluation is not None:
-            evaluation.close()
+    with StopRequest(enabled=world.size == 1) as stop:
+        try:
+            while counters["env_steps"] < config.total_steps:
+                steady.hold(skips_guards and updates_here >= 2)
+                rollout = sampler.collect(state)
+                counters["env_steps"] += steps_per_collect
+                state["env_steps"].add_(steps_per_collect)   # in place, as `+=` is, without the TensorDict's set
+                progress.add(rollout)
+                if learner is not None:
+                    learner.add(rollout)
+                with intra_op_threads(threads):
+                    if learner is None:
+                        (state, metrics), n = agent.update(state, rollout), 1
+                    else:
+                        state, latest, n = learner.learn(state, counters["env_steps"], steps_per_collect)
+                        metrics = latest if n else metrics
+                counters["updates"] += n
+                updates_here += n
+                progress.advance(steps_per_collect)
+                done = counters["env_steps"] >= config.total_steps
+                if log.due(counters["env_steps"]) or done:
+                    steady.release()
+                    log.passed(counters["env_steps"])
+                    scalars = check_finite()
+                    solved = progress.close_interval(counters, plan.stop_return)
+                    evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
+                    progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars))
+                if solved or done or save.due(counters["env_steps"]) or stop.requested:
+                    steady.release()
+                    save.passed(counters["env_steps"])
+                    check_finite()
+                    checkpoint()
+                if solved:
+                    break
+                if stop.requested:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
+                    raise stop.stopped(run_dir, counters["env_steps"])
+        except SamplerError as e:   # a parallel worker died or failed
+            raise stopped_by(e, counters["env_steps"], last_checkpoint) from None
+        finally:
+            steady.release()
+            progress.close()
+            sampler.close()
+            if evaluation is not None:
+                evaluation.close()
     if plan.plot and world.main:
         progress.logger.plot(title=_title(plan))
     return TrainResult(state=state, return_mean=mean_of_rows(progress.stats.means()), history=progress.logger.rows,

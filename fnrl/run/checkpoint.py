@@ -4,22 +4,38 @@ A checkpoint is a dict tagged with `CHECKPOINT_FORMAT`: the algorithm, seed, con
 state, the loop's counters and RNG states, and what the loop could snapshot of its data (replay
 buffer, the graph sampler's envs, the episode statistics). Every loop writes the same payload
 through `save_checkpoint`; `load_checkpoint` refuses files of another format or version.
+
+Reading a checkpoint runs no code from it: it is written as plain data (`fnrl.run.plain`) and
+read with `torch.load(weights_only=True)`, which refuses any other object in the file before
+building it. Writes are atomic and durable: a temporary file of a unique name in the same
+folder, flushed to disk, renamed over the old checkpoint, the folder flushed too; a failed
+write leaves the old checkpoint and no temporary file.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 
 from fnrl.errors import ConfigError
 from fnrl.replay import snapshot as replay_snapshot
+from fnrl.run.plain import from_plain, to_plain
 
 CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_FORMAT = "fnrl-checkpoint-v3"
-"""v2: PPO/A2C states hold seed, hp and a stored learning rate; v3: DQN/QPG stored rates."""
+CHECKPOINT_FORMAT = "fnrl-checkpoint-v4"
+"""v2: PPO/A2C states hold seed, hp and a stored learning rate; v3: DQN/QPG stored rates;
+v4: plain data, read with weights_only=True (`fnrl.run.plain`)."""
+
+
+REQUIRED = {"algo": str, "seed": int, "config": dict, "state": TensorDictBase, "counters": dict}
+"""The entries every checkpoint has, with their types (`load_checkpoint` checks them)."""
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -30,7 +46,11 @@ def load_checkpoint(path: str | Path) -> dict:
     if not path.exists():
         raise ConfigError(f"no checkpoint at {path}; pass a run folder or its {CHECKPOINT}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:   # an object weights_only refuses to build
+        raise ConfigError(f"{path} was not opened: it holds objects that loading would have to run code for "
+                          f"(a file from an fnrl older than {CHECKPOINT_FORMAT!r}, or a crafted one); "
+                          "retrain, or evaluate it with the fnrl version that wrote it") from e
     except Exception as e:  # truncated or foreign file
         raise ConfigError(f"{path} is not a readable fnrl checkpoint ({type(e).__name__}); it may be corrupt") from e
     tag = ckpt.get("format") if isinstance(ckpt, dict) else None
@@ -39,14 +59,49 @@ def load_checkpoint(path: str | Path) -> dict:
                           f"{CHECKPOINT_FORMAT!r}); evaluate or resume it with that version, or retrain")
     if tag != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path} is not an fnrl checkpoint (missing format tag {CHECKPOINT_FORMAT!r})")
+    try:
+        ckpt = from_plain(ckpt)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{path} is not a readable fnrl checkpoint ({e})") from e
+    for key, kind in REQUIRED.items():
+        if not isinstance(ckpt.get(key), kind):
+            problem = "has no" if key not in ckpt else "has a malformed"
+            raise ConfigError(f"{path} {problem} {key!r} entry, so it is not a whole fnrl checkpoint; resume or "
+                              "evaluate another one, or retrain")
     return ckpt
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
-    """Write atomically: a temporary file in the same folder, then rename over the old one."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    """Write `payload` as plain data (TypeError, before any file is touched, for a value that is
+    not), atomically and durably (module docstring)."""
+    plain = to_plain(payload)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(plain, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (the rename) to disk, where the platform allows it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def checkpoint_payload(*, algo: str, seed: int, config: dict, state, counters: dict, world_size: int = 1,

@@ -1,14 +1,16 @@
-"""NaN checks: a run stops with `TrainingError` when a loss stops being finite, its last good
-checkpoint intact."""
+"""A run that cannot go on stops with one `TrainingError` line, its last good checkpoint intact:
+when a loss stops being finite (the NaN checks), or when its sampler, a worker or an actor fails
+(`stopped_by`)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 
 class TrainingError(RuntimeError):
-    """Training stopped (a NaN in a loss); the last good checkpoint is intact."""
+    """Training stopped (a NaN in a loss, a failed sampler); the last good checkpoint is intact."""
 
 
 def scalar_metrics(metrics) -> dict:
@@ -38,3 +40,11 @@ def check_finite(metrics, env_steps: int, last_checkpoint) -> dict:
     scalars = scalar_metrics(metrics)
     raise_if_loss_not_finite(non_finite_losses(scalars), env_steps, last_checkpoint)
     return scalars
+
+
+def stopped_by(error: Exception, env_steps: int, last_checkpoint) -> TrainingError:
+    """The one-line TrainingError of a run whose sampler, worker or actor failed (`error` says
+    which), naming the env step and the checkpoint it can resume from, if one was written."""
+    kept = (f"the last checkpoint is {last_checkpoint}" if Path(str(last_checkpoint)).exists()
+            else "no checkpoint was written yet")
+    return TrainingError(f"{error} (at env step {env_steps}); {kept}")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from fnrl import algos, samplers
 from fnrl.accel.cudagraphs import check_cuda_graphs
+from fnrl.accel.options import AccelOptions, resolve
 from fnrl.errors import ConfigError
 from fnrl.run.checkpoint import config_from_json, load_checkpoint
 
@@ -57,6 +59,8 @@ class Plan:
     eval_episodes: int = 10
     sampler_workers: int | None = None
     cuda_graphs: bool = False
+    accel: AccelOptions = dataclasses.field(default_factory=AccelOptions)
+    """how compiled steps run (`fnrl.accel.AccelOptions`)"""
 
     @property
     def off_policy(self) -> bool:
@@ -91,6 +95,7 @@ def make_plan(world, name: str, config=None, *, seed: int = 0, log_dir=None, dev
     the rest of `fnrl.train.train`'s keywords, kept as they are. A resumed run takes its config,
     seed, rows, sampler and preset from its checkpoint."""
     module = algos.load(name)
+    options["accel"] = resolve(options.get("accel"))
     ckpt = None
     if resume is not None:
         with world.agree():
@@ -150,6 +155,11 @@ def _check(plan: Plan, world) -> None:
         from fnrl.samplers.graph import check_supported
 
         check_supported(name, plan.module)
+    if plan.threads is not None and (isinstance(plan.threads, bool) or not isinstance(plan.threads, int)
+                                     or plan.threads < 1):
+        raise ConfigError(f"--threads must be at least 1 (or left out for torch's default), got {plan.threads!r}")
+    if plan.log_dir is not None and Path(plan.log_dir).exists() and not Path(plan.log_dir).is_dir():
+        raise ConfigError(f"--log-dir {plan.log_dir} is a file, not a folder; choose another --log-dir")
     if plan.update_threads is not None and plan.update_threads < 1:
         raise ConfigError(f"--update-threads must be at least 1, got {plan.update_threads}")
     if plan.update_threads is not None and plan.runtime != "serial":

@@ -1,0 +1,67 @@
+"""Stopping a run cleanly: SIGTERM (a scheduler's stop) and SIGINT (Ctrl-C) end the serial loop at
+its next iteration boundary with a checkpoint, so a preempted job resumes from where it stopped.
+
+    with StopRequest() as stop:
+        while ...:
+            ...one iteration...
+            if stop.requested:
+                checkpoint()
+                raise stop.stopped(run_dir, env_steps)
+
+The first signal is only noted (the iteration in flight finishes: its state stays consistent);
+a second one acts at once, as it would without this (Ctrl-C twice: a KeyboardInterrupt now).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class RunStopped(KeyboardInterrupt):
+    """A run stopped by a signal after writing its checkpoint; `signum` is the signal, and the
+    command exits with 128 + signum."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+class StopRequest:
+    """Defers SIGINT / SIGTERM to the loop's next iteration boundary while open (module docstring).
+    Not enabled (`enabled=False`, or off the main thread, where handlers cannot be set) it does
+    nothing and `requested` stays False."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _note(self, signum, frame) -> None:
+        self.signum = signum
+        self._restore()   # a second signal acts at once
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def __enter__(self) -> "StopRequest":
+        if self.enabled:
+            self._previous = {s: signal.getsignal(s) for s in SIGNALS}
+            for s in SIGNALS:
+                signal.signal(s, self._note)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def stopped(self, run_dir, env_steps: int) -> RunStopped:
+        name = signal.Signals(self.signum).name
+        return RunStopped(f"stopped by {name} at env step {env_steps}; its checkpoint is written: continue "
+                          f"with --resume {run_dir}", self.signum)

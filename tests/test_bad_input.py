@@ -1,0 +1,103 @@
+"""Bad input through the real `fnrl` command, as a user types it: one line naming the problem and
+what to do, exit code 2, before any work, nothing left behind (the table in docs/usage.md)."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fnrl.run.checkpoint import CHECKPOINT, CHECKPOINT_FORMAT
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _fnrl(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fnrl", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _grid(tmp_path, text: str, name: str = "grid.py") -> pathlib.Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GOOD_GRID = ("GRID = dict(algo='ppo', env_id='CartPole-v1', seed={seed}, overrides={{'total_steps': 256}}, "
+             "args=['--no-compile'], root={root!r})\n")
+
+
+def _cases(tmp_path):
+    """(argv, the message's words, what must not exist afterwards) of every bad input."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a folder")
+    no_state = tmp_path / "no-state"
+    no_state.mkdir()
+    torch.save({"format": CHECKPOINT_FORMAT, "algo": "ppo", "seed": 0, "config": {}, "counters": {}},
+               no_state / CHECKPOINT)
+    corrupt_root = tmp_path / "corrupt"
+    corrupt = _grid(tmp_path, GOOD_GRID.format(seed=0, root=str(corrupt_root)), "corrupt.py")
+    (corrupt_root / "ppo-CartPole-v1-s0").mkdir(parents=True)
+    (corrupt_root / "ppo-CartPole-v1-s0" / "launch.json").write_text("{not json")
+    return [
+        (["train", "ppo", "--log-dir", a_file], "is a file, not a folder", []),
+        (["train", "ppo", "--threads", "0", "--log-dir", tmp_path / "threads"], "--threads must be at least 1",
+         [tmp_path / "threads"]),
+        (["launch", _grid(tmp_path, "GRID = dict(algo='ppo'\n", "syntax.py")], "has a syntax error at line", []),
+        (["launch", _grid(tmp_path, GOOD_GRID.format(seed="'abc'", root=str(tmp_path / "abc")), "abc.py")],
+         "grid seeds are non-negative integers, got 'abc'", [tmp_path / "abc"]),
+        (["launch", corrupt], "launch.json is corrupt", [corrupt_root / "ppo-CartPole-v1-s0" / "stdout.log"]),
+        (["eval", no_state], "has no 'state' entry", []),
+    ]
+
+
+def test_every_bad_input_is_one_line_and_exit_2_leaving_nothing_behind(tmp_path):
+    for argv, words, absent in _cases(tmp_path):
+        done = _fnrl(*argv, cwd=tmp_path)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, (argv, done.stderr)
+        assert len(lines) == 1 and words in lines[0], (argv, done.stderr)
+        assert not any(p.exists() for p in absent), argv
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_yaml_grid_with_a_syntax_error_is_one_line(tmp_path):
+    pytest.importorskip("yaml")
+    grid = _grid(tmp_path, "algo: [ppo\nenv_id: CartPole-v1\n", "grid.yaml")
+    done = _fnrl("launch", grid, cwd=tmp_path)
+    assert done.returncode == 2 and "is not valid YAML" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_dead_parallel_worker_stops_training_with_one_line(tmp_path, monkeypatch):
+    """A worker of `--sampler parallel` that dies mid-run: one TrainingError line naming it and the
+    env step, as the async and central loops give (the sampler's own error is tested in
+    tests/test_samplers.py)."""
+    from fnrl import algos, samplers
+    from fnrl.samplers.async_ import SamplerError
+    from fnrl.train import TrainingError, train
+
+    made = samplers.make
+
+    def failing(*args, **kwargs):
+        sampler = made(*args, **kwargs)
+        collect, calls = sampler.collect, []
+
+        def collect_then_fail(state):
+            calls.append(1)
+            if len(calls) == 3:
+                raise SamplerError("parallel sampler worker 1 (pid 123) died (killed by SIGKILL)")
+            return collect(state)
+
+        sampler.collect = collect_then_fail
+        return sampler
+
+    monkeypatch.setattr(samplers, "make", failing)
+    config = algos.default_config("ppo")
+    config = type(config)(**{**config.__dict__, "total_steps": 2048, "num_envs": 4, "num_steps": 32})
+    with pytest.raises(TrainingError, match=r"worker 1 \(pid 123\) died .* \(at env step 256\); no checkpoint"):
+        train("ppo", config, compile=False, quiet=True, tensorboard=False, plot=False, log_dir=tmp_path / "run",
+              checkpoint_every=1024)

@@ -1,0 +1,88 @@
+"""SIGTERM / SIGINT stop the serial loop at its next iteration boundary with a checkpoint
+(`fnrl.run.stop`), and resuming it ends as a run that never stopped; a resumed run's
+progress.csv continues from the checkpoint, with no step logged twice."""
+from __future__ import annotations
+
+import csv
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from fnrl import algos
+from fnrl.run.checkpoint import config_from_json
+from fnrl.run.stop import StopRequest
+from fnrl.train import load_checkpoint, train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SETTINGS = dict(total_steps=24_576, num_envs=4, num_steps=32, update_epochs=1, num_minibatches=1)
+
+
+def _leaves(state) -> dict:
+    return {k: v for k, v in state.items(include_nested=True, leaves_only=True)}
+
+
+def _csv_steps(folder: pathlib.Path) -> list[float]:
+    with open(folder / "progress.csv", newline="") as f:
+        return [float(r["env_steps"]) for r in csv.DictReader(f)]
+
+
+def test_a_sigterm_run_writes_its_checkpoint_and_resumes_as_one_never_stopped(tmp_path):
+    run = tmp_path / "run"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()]
+    proc = subprocess.Popen([sys.executable, "-m", "fnrl", "train", "ppo", "--seed", "5", "--no-compile", "--quiet",
+                             "--log-dir", str(run), *flags], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 240
+    while (not (run / "progress.csv").exists() or len(_csv_steps(run)) < 3) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    ckpt = load_checkpoint(run)
+    stopped_at = ckpt["counters"]["env_steps"]
+    assert 0 < stopped_at < SETTINGS["total_steps"] and f"stopped by SIGTERM at env step {stopped_at}" in err
+    assert sorted(p.name for p in run.iterdir() if p.name.endswith(".tmp")) == []
+
+    options = dict(compile=False, quiet=True, tensorboard=False, plot=False)
+    resumed = train("ppo", None, resume=run, **options)
+    config = type(algos.default_config("ppo"))(**config_from_json(ckpt["config"]))   # the preset's, as run
+    whole = train("ppo", config, seed=5, log_dir=tmp_path / "whole", **options)
+    a, b = _leaves(resumed.state), _leaves(whole.state)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    steps = _csv_steps(run)
+    assert steps == sorted(set(steps)) and steps[-1] == SETTINGS["total_steps"]
+
+
+def test_the_first_signal_is_deferred_and_the_second_acts_at_once():
+    before = signal.getsignal(signal.SIGINT)
+    with StopRequest() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.signum == signal.SIGINT   # noted, nothing raised
+        assert signal.getsignal(signal.SIGINT) is before          # a second one acts as it would have
+        message = str(stop.stopped("runs/x", 1024))
+        assert "stopped by SIGINT at env step 1024" in message and "--resume runs/x" in message
+    assert signal.getsignal(signal.SIGINT) is before
+    with StopRequest(enabled=False) as off:
+        assert signal.getsignal(signal.SIGINT) is before and not off.requested
+
+
+def test_a_resumed_run_drops_the_rows_logged_after_its_checkpoint(tmp_path):
+    from fnrl.logger import Logger
+
+    logger = Logger(tmp_path, tensorboard=False)
+    for steps in (100, 200, 300, 400):
+        logger.log({"env_steps": steps, "return_mean": steps / 10})
+    logger.close()
+    resumed = Logger(tmp_path, tensorboard=False, resumed_at=200)
+    assert [r["env_steps"] for r in resumed.rows] == [100.0, 200.0]
+    resumed.log({"env_steps": 300, "return_mean": 31.0})
+    resumed.close()
+    assert _csv_steps(tmp_path) == [100.0, 200.0, 300.0]
+    assert (tmp_path / "progress.csv").read_text().splitlines()[1] == "100,10.0"
