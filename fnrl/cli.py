@@ -149,7 +149,9 @@ def _train(argv: list[str]) -> int:
     choice = args.pop("preset")
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
     config = preset = None
-    if run["resume"] is None:   # a resumed run continues with its checkpoint's config
+    if run["resume"] is not None:   # a resumed run continues with its checkpoint's config
+        run["changes"] = given or None
+    else:
         config, preset = configure(name, preset=choice, **given)
         if preset is not None and _rank() == 0:
             print(f"fnrl: {describe(preset)}")

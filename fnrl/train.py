@@ -66,7 +66,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
         eval_episodes: int = 10, sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1,
         sweep: dict | None = None, cuda_graphs: bool = False, preset: str | None = None,
-        accel: AccelOptions | None = None) -> TrainResult:
+        accel: AccelOptions | None = None, changes: dict | None = None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`: the plan, then its loop.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -78,6 +78,10 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         per layer or of images, else `threads`).
     resume: a run folder; training continues from its checkpoint with its config (and, where the
         checkpoint holds them, its replay buffer and the graph sampler's envs; see `checkpoint`).
+    changes: with `resume`, Config fields given again (as `fnrl train ... --resume DIR` passes
+        them): each must equal the checkpoint's, except `total_steps`, which extends the run (to
+        more env steps than it has run; schedules over the run, such as learning-rate annealing
+        and exploration, stretch to the new length).
     stop_return: stop early (with a checkpoint) at the first log row where the trailing mean
         return (last 100 finished episodes, `fnrl.episodes`) is at least this value after at
         least 20 finished episodes; with several rows (seeds, swept values), where every row's is.
@@ -113,7 +117,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
                      update_threads=update_threads, tensorboard=tensorboard, plot=plot, stop_return=stop_return,
                      eval_interval=eval_interval, eval_episodes=eval_episodes, sampler=sampler,
                      sampler_workers=sampler_workers, num_seeds=num_seeds, sweep=sweep, cuda_graphs=cuda_graphs,
-                     preset=preset, accel=accel)
+                     preset=preset, accel=accel, changes=changes)
     if threads is not None:
         torch.set_num_threads(threads)
     rng.seed_everything(plan.seed, world.rank)

@@ -33,7 +33,7 @@ from fnrl.accel.compiled import make_agent
 from fnrl.loops.off_policy import init_replay
 from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, resumed_replay, save_checkpoint
-from fnrl.run.folder import prepare_run_dir, write_config_json
+from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import TrainingError, check_finite as finite_scalars
 from fnrl.run.progress import Progress
 from fnrl.run.result import TrainResult
@@ -149,6 +149,7 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
         raise TrainingError(f"{e}; the last checkpoint is {last_checkpoint}") from None
     finally:
         sampler.stop()
+        release_run_dir(run.run_dir)
         if progress is not None:
             progress.close()
         if evaluation is not None:
@@ -222,12 +223,13 @@ def _updates(run: _AsyncRun, state, metrics, env_steps: int, due: int):
     config, counters, done = run.config, run.counters, 0
     while counters["updates"] < due and done < PUBLISH_EVERY:
         beta = config.priority_beta + (1.0 - config.priority_beta) * env_steps / config.total_steps
+        sampled_at = run.replay.steps_written   # read first: a row written after it is never updated
         batch = run.replay.sample(config.batch_size, beta=beta)
         if batch is None:
             return state, metrics, done, True
         state, metrics = run.agent.update(state, batch.to(run.device, non_blocking=True))
         if config.prioritized:
-            run.replay.update_priorities(batch["index"], metrics["priority"])
+            run.replay.update_priorities(batch["index"], metrics["priority"], sampled_at)
         counters["updates"] += 1
         done += 1
     return state, metrics, done, False

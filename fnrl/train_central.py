@@ -20,7 +20,7 @@ from fnrl import envs
 from fnrl.accel.compiled import compile_update
 from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
-from fnrl.run.folder import prepare_run_dir, write_config_json
+from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import check_finite as finite_scalars, stopped_by
 from fnrl.run.progress import Progress
 from fnrl.run.result import TrainResult
@@ -96,6 +96,7 @@ def train_central(plan) -> TrainResult:
     finally:
         sampler.close()
         progress.close()
+        release_run_dir(run_dir)
         if evaluation is not None:
             evaluation.close()
     if plan.plot:

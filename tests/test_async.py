@@ -374,3 +374,24 @@ def test_dqn_async_learns_cartpole(tmp_path):
         if final >= 400:
             break
     assert final >= 400, curve
+
+
+def test_priorities_skip_rows_written_over_since_the_sample():
+    """A row drawn before the writer wrapped around to it keeps the new row's priority: only rows
+    still holding what was sampled take the learner's TD errors."""
+    import threading
+
+    buffer = replay.init(_rows(0), C * B, n_step=N_STEP, gamma=1.0, prioritized=True)
+    shared = SharedReplay(buffer, threading.RLock())
+    shared.add(_rows(0))
+    sampled_at = shared.steps_written                        # T rows per env: positions 0 .. T - 1
+    index = torch.arange(C * B)                              # every position of every env
+    shared.add(_rows(T))                                     # positions T .. 2T - 1 (mod C) written over
+    before = shared.snapshot().rows["priority"].clone()
+    shared.update_priorities(index, torch.full((C * B,), 7.0), sampled_at)
+    after = shared.snapshot().rows["priority"]
+    position = torch.arange(C).unsqueeze(1).expand(C, B)
+    overwritten = (position - sampled_at) % C < T
+    assert torch.equal(after[overwritten], before[overwritten])
+    expected = (7.0 + buffer.spec.priority_eps) ** buffer.spec.alpha
+    assert torch.allclose(after[~overwritten], torch.full_like(after[~overwritten], expected))

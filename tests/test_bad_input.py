@@ -51,6 +51,9 @@ def _cases(tmp_path):
          "grid seeds are non-negative integers, got 'abc'", [tmp_path / "abc"]),
         (["launch", corrupt], "launch.json is corrupt", [corrupt_root / "ppo-CartPole-v1-s0" / "stdout.log"]),
         (["eval", no_state], "has no 'state' entry", []),
+        (["train", "ppo", "--sampler", "parallel", "--sampler-workers", "3", "--num-envs", "4", "--log-dir",
+          tmp_path / "parallel"], "--sampler-workers 3 must be at least 1 and divide --num-envs 4",
+         [tmp_path / "parallel"]),
     ]
 
 
@@ -62,6 +65,29 @@ def test_every_bad_input_is_one_line_and_exit_2_leaving_nothing_behind(tmp_path)
         assert len(lines) == 1 and words in lines[0], (argv, done.stderr)
         assert not any(p.exists() for p in absent), argv
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_folder_held_by_a_live_run_is_refused_and_a_dead_runs_lock_taken_over(tmp_path):
+    import socket
+
+    from fnrl.run.folder import LOCK, claim_run_dir, release_run_dir
+
+    held = tmp_path / "held"
+    held.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (held / LOCK).write_text(f"{socket.gethostname()} {sleeper.pid}\n")
+        done = _fnrl("train", "ppo", "--log-dir", held, "--no-compile", cwd=tmp_path)
+        assert done.returncode == 2 and "is in use by another run" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not (held / "progress.csv").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    claim_run_dir(held)   # its process is gone: the lock is stale
+    assert (held / LOCK).read_text().split() == [socket.gethostname(), str(os.getpid())]
+    claim_run_dir(held)   # this process may claim its own folder again (a resumed run in one process)
+    release_run_dir(held)
+    assert not (held / LOCK).exists()
 
 
 def test_a_yaml_grid_with_a_syntax_error_is_one_line(tmp_path):

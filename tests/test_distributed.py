@@ -4,8 +4,10 @@ Every test that starts processes gives each join a timeout and kills what is lef
 import csv
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,12 +162,12 @@ def _compare(cases, spec, ranks):
     (["--log-dir", "/nonexistent-parent/run"], "log dir parent"),
 ])
 def test_bad_option_with_nproc_is_one_line_before_any_process_starts(argv, message, capsys, monkeypatch):
-    import torch.distributed.launcher.api as launcher
+    import multiprocessing.context as context
 
-    def no_launch(*args, **kwargs):
+    def no_start(*args, **kwargs):
         raise AssertionError("processes were started")
 
-    monkeypatch.setattr(launcher, "elastic_launch", no_launch)
+    monkeypatch.setattr(context.SpawnProcess, "start", no_start)
     args = ["train", "ppo", "--nproc", "2", *argv] if "--nproc" not in argv else ["train", "ppo", *argv]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
@@ -214,3 +216,75 @@ def test_cli_nproc_2_solves_cartpole_and_only_rank_0_writes(tmp_path):
     assert float(rows[-1]["eval_return_mean"]) >= 450 and steps[-1] >= 200_000
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     assert ckpt["world_size"] == 2 and 2 * ckpt["counters"]["env_steps"] == steps[-1]
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            kids = [int(k) for k in task.read_text().split()]
+            out += kids
+            todo += kids
+    return out
+
+
+def _listening(pids) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp* write them) of the TCP sockets in LISTEN state
+    that processes `pids` hold."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                out.append(fields[1])
+    return out
+
+
+def _loopback(local: str) -> bool:
+    address = bytes.fromhex(local.split(":")[0])
+    if len(address) == 4:   # IPv4, little-endian words
+        return address[::-1][0] == 127
+    words = b"".join(address[i:i + 4][::-1] for i in range(0, 16, 4))
+    return words == bytes(15) + b"\x01" or (words[:12] == bytes(10) + b"\xff\xff" and words[12] == 127)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads sockets from Linux's /proc")
+def test_nproc_listens_on_loopback_only_and_leaves_no_process_behind(tmp_path):
+    """`--nproc 2` meets through a private FileStore and connects its ranks over loopback: while it
+    trains, none of its processes listens on another interface; SIGTERM to the command stops them all."""
+    cmd = [sys.executable, "-m", "fnrl", "train", "ppo", "--env", "CartPole-v1", "--nproc", "2", "--total-steps",
+           "2000000", "--num-envs", "4", "--num-steps", "32", "--quiet", "--log-dir", "run", "--no-compile"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        progress = tmp_path / "run" / "progress.csv"
+        while not (progress.exists() and len(progress.read_text().splitlines()) > 1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.5)
+        workers = _descendants(proc.pid)
+        assert len(workers) >= 2
+        listening = _listening([proc.pid, *workers])
+        assert all(_loopback(a) for a in listening), listening
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    time.sleep(1)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+
+
+def test_loopback_addresses_are_read_as_proc_net_writes_them():
+    assert _loopback("0100007F:1F90") and not _loopback("00000000:1F90") and not _loopback("0A00020F:0050")
+    assert _loopback("00000000000000000000000001000000:1F90")          # ::1
+    assert not _loopback("00000000000000000000000000000000:1F90")      # ::
+    assert _loopback("0000000000000000FFFF00000100007F:1F90")          # ::ffff:127.0.0.1

@@ -293,3 +293,22 @@ def test_impala_lstm_learns_cartpole_without_velocities(tmp_path):
     cfg = impala.Config(env_id="fnrl/CartPoleNoVel-v1", core="lstm", core_size=64, hidden=(64,), num_steps=20,
                         max_grad_norm=40.0)
     _reaches_400(cfg, tmp_path, "impala lstm")
+
+
+def test_the_actors_stop_flag_holds_no_lock_and_crosses_to_a_spawned_child():
+    """`close()` sets a flag that an actor killed mid-check cannot leave locked."""
+    import multiprocessing as mp
+
+    from fnrl.samplers.central import StopFlag
+
+    ctx = mp.get_context("spawn")
+    flag = StopFlag(ctx)
+    assert not flag.is_set() and not hasattr(flag._flag, "get_lock")
+    child = ctx.Process(target=_set_flag, args=(flag,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0 and flag.is_set()
+
+
+def _set_flag(flag) -> None:
+    flag.set()

@@ -16,6 +16,7 @@ import torch
 from fnrl import train as training
 from fnrl.loops import off_policy, serial
 from fnrl.replay import snapshot as replay_snapshot
+from fnrl.run.checkpoint import config_from_json
 from fnrl.algos import default_config, dqn, ppo, qpg
 
 PPO = ppo.Config(num_envs=4, num_steps=16, total_steps=4 * 4 * 16)   # 4 iterations; episodes span them
@@ -162,3 +163,27 @@ def test_a_checkpoint_whose_state_does_not_fit_stops_with_one_line(tmp_path, cap
     assert main(["train", "ppo", "--resume", str(tmp_path / "run"), "--no-compile", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "does not fit this fnrl version's state" in err and len(err.splitlines()) == 1
+
+
+def test_a_finished_run_is_extended_by_total_steps_and_nothing_else_changes(tmp_path, capsys):
+    """`--resume DIR --total-steps N` runs on to N env steps with the checkpoint's config otherwise;
+    other options may be given again with the checkpoint's values (as `fnrl launch` does), a changed
+    one is refused with one line, as is an N the run has already reached."""
+    from fnrl.cli import main
+    from fnrl.errors import ConfigError
+
+    options = dict(compile=False, quiet=True, tensorboard=False, plot=False, eval_episodes=0)
+    run = tmp_path / "run"
+    training.train("dqn", DQN, seed=1, log_dir=run, **options)
+    extended = training.train("dqn", None, resume=run, changes={"total_steps": 2 * DQN.total_steps,
+                                                                "batch_size": DQN.batch_size}, **options)
+    assert extended.history[-1]["env_steps"] == 2 * DQN.total_steps
+    ckpt = training.load_checkpoint(run)
+    saved = type(DQN)(**config_from_json(ckpt["config"]))
+    assert saved == dataclasses.replace(DQN, total_steps=2 * DQN.total_steps)
+    with pytest.raises(ConfigError, match="must be more than that"):
+        training.train("dqn", None, resume=run, changes={"total_steps": DQN.total_steps // 2}, **options)
+    assert main(["train", "dqn", "--resume", str(run), "--learning-rate", "0.1", "--batch-size", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "only --total-steps may change" in err and "--batch-size, --learning-rate" in err
+    assert len(err.splitlines()) == 1

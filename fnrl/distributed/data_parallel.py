@@ -38,6 +38,10 @@ from tensordict import TensorDict
 from fnrl.algos import common
 from fnrl.errors import ConfigError
 
+STORE_VAR = "FNRL_DIST_STORE"
+"""A FileStore path: where set (by `fnrl train --nproc`, `fnrl.distributed.launch`), a rank joins
+the process group through it (with RANK and WORLD_SIZE) instead of torchrun's TCP rendezvous."""
+
 TIMEOUT_ENV = "FNRL_DIST_TIMEOUT"
 """Seconds a collective (and the process-group rendezvous) waits for the other ranks
 before failing (default 600): a rank that dies without its launcher noticing cannot
@@ -126,7 +130,10 @@ class ProcessGroupWorld(World):
             if cuda:
                 torch.cuda.set_device(self.local_rank)
             timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "600")))
-            dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+            store = os.environ.get(STORE_VAR)   # a --nproc run's private rendezvous (fnrl.distributed.launch)
+            init = dict(init_method=f"file://{store}", rank=int(os.environ["RANK"]),
+                        world_size=int(os.environ["WORLD_SIZE"])) if store else {}
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout, **init)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self._cuda = dist.get_backend() == "nccl"
         self._reducing = common.reducing_gradients(all_reduce_mean)

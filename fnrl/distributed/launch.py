@@ -1,12 +1,13 @@
 """`train(..., nproc=N)` / `fnrl train ... --nproc N`: N data-parallel processes on this machine.
 
 The parent checks everything a run could refuse (algorithm, options, env id, action space,
-log dir, checkpoint) and prints the usual one-line error before any process starts. It
-then runs torchrun's elastic agent in-process (`torch.distributed.launcher.elastic_launch`,
-the same machinery as `torchrun --standalone --nproc_per_node N`, with a free local port):
-N spawned workers, each calling `fnrl.train.train` as one rank. The agent stops all
-workers when one fails or when the parent is interrupted (Ctrl-C, SIGTERM); each worker
-also asks the kernel for SIGTERM if the parent dies (Linux), so none is orphaned.
+log dir, checkpoint) and prints the usual one-line error before any process starts. It then
+spawns N workers, each calling `fnrl.train.train` as one rank. They meet privately: the process
+group's rendezvous is a `FileStore` in a temporary folder only this user can read (mode 0700),
+and gloo's connections between the ranks use the loopback interface, so the run listens on no
+network interface (torchrun's TCP rendezvous is for multi-node runs, on a trusted network).
+The parent stops every worker when one fails or when it is interrupted (Ctrl-C, SIGTERM); each
+worker also asks the kernel for SIGTERM if the parent dies (Linux), so none is orphaned.
 
 Errors a run raises on purpose (ConfigError, TrainingError after a NaN) happen on every
 rank at once (fnrl.train agrees on them) and come back to the parent as the same
@@ -15,10 +16,14 @@ exception with rank 0's message; anything else fails the launch with the rank's 
 from __future__ import annotations
 
 import os
-import uuid
+import pickle
+import queue
+import tempfile
+import time
 
 import torch.distributed as dist
 
+from fnrl.distributed.data_parallel import STORE_VAR
 from fnrl.errors import ConfigError
 from fnrl.run.health import TrainingError
 
@@ -50,15 +55,18 @@ def _preflight(name: str, config, log_dir, resume, device: str, seed: int, nproc
     finally:
         env.close()
     if resume is None:   # resolve the default folder name here, so rank 0 uses this one
-        log_dir = prepare_run_dir(log_dir, name, run_config, seed, False)
+        log_dir = prepare_run_dir(log_dir, name, run_config, seed, False, claim=False)   # rank 0 claims it
     return config, log_dir
+
+
+LOOPBACK = "lo"
+"""The network interface gloo connects the ranks of one machine over (`GLOO_SOCKET_IFNAME`)."""
 
 
 def train_processes(train, nproc: int, name: str, config=None, **kwargs):
     """Run `train(name, config, **kwargs)` (`fnrl.train.train`, passed in: each worker imports it by
     name) as `nproc` data-parallel ranks on this machine; return rank 0's TrainResult."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    import multiprocessing as mp
 
     if not isinstance(nproc, int) or nproc < 1:
         raise ConfigError(f"--nproc must be a positive integer, got {nproc}")
@@ -67,19 +75,65 @@ def train_processes(train, nproc: int, name: str, config=None, **kwargs):
                           "(torchrun's --nproc_per_node sets the number of processes)")
     config, kwargs["log_dir"] = _preflight(name, config, kwargs.get("log_dir"), kwargs.get("resume"),
                                            kwargs.get("device", "cpu"), kwargs.get("seed", 0), nproc)
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"fnrl-{uuid.uuid4().hex[:8]}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
-                          start_method="spawn")
-    try:
-        results = elastic_launch(launch, _rank_train)(train, name, config, kwargs)
-    except ChildFailedError as e:
-        rank, failure = min(e.failures.items())
-        raise RuntimeError(f"rank {rank} of the {nproc}-process run failed (exit code {failure.exitcode}); "
-                           f"see its error above") from None
-    kind, payload = results[0]
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="fnrl-rendezvous-") as private:   # mode 0700
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_rank_main, args=(rank, nproc, os.path.join(private, "store"), results, train,
+                                                      name, config, kwargs), daemon=False) for rank in range(nproc)]
+        try:
+            for proc in procs:
+                proc.start()
+            kind, payload = _wait(procs, results)
+        finally:
+            _stop(procs)
+            results.close()
     if kind == "ok":
         return payload
     raise (ConfigError if kind == "config" else TrainingError)(payload)
+
+
+def _wait(procs, results, poll: float = 0.2):
+    """Rank 0's (kind, payload) once every rank has exited cleanly; RuntimeError naming the first
+    rank that failed (the others are then stopped)."""
+    outcome = None
+    while True:
+        try:
+            outcome = results.get(timeout=poll)
+        except queue.Empty:
+            pass
+        failed = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            raise RuntimeError(f"rank {rank} of the {len(procs)}-process run failed (exit code {code}); "
+                               f"see its error above")
+        if all(p.exitcode == 0 for p in procs):
+            if outcome is None:   # rank 0 put it just before exiting
+                outcome = results.get(timeout=10)
+            return pickle.loads(outcome)   # from our own rank 0, over a private pipe
+
+
+def _stop(procs, grace: float = 10.0) -> None:
+    """SIGTERM every worker still running, then SIGKILL those left after `grace` seconds."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _rank_main(rank: int, world_size: int, store: str, results, train, name: str, config, kwargs: dict):
+    """A spawned worker: join the private rendezvous as `rank`, train, and (rank 0) hand back the result."""
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world_size), STORE_VAR: store, "GLOO_SOCKET_IFNAME": LOOPBACK})
+    outcome = _rank_train(train, name, config, kwargs)
+    if rank == 0:   # by value: a tensor sent as a shared handle dies with this process
+        results.put(pickle.dumps(outcome))
+        results.close()
+        results.join_thread()
 
 
 def _rank_train(train, name: str, config, kwargs: dict):

@@ -110,5 +110,8 @@ def update_threads(plan, world, env) -> int | None:
 
 
 def _resumed_at(plan) -> int | None:
-    """The env steps of the checkpoint a resumed run continues (None for a new run)."""
-    return plan.ckpt["counters"]["env_steps"] if plan.ckpt is not None else None
+    """The env steps of the checkpoint a resumed run continues, as progress.csv counts them (all
+    ranks together); None for a new run."""
+    if plan.ckpt is None:
+        return None
+    return plan.ckpt["counters"]["env_steps"] * plan.ckpt.get("world_size", 1)

@@ -19,7 +19,7 @@ from fnrl.loops.build import env_and_agent, initial_state, run_evaluation, run_p
 from fnrl.loops.off_policy import ReplayLearner
 from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
-from fnrl.run.folder import prepare_run_dir, write_config_json
+from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import non_finite_losses, raise_if_loss_not_finite, scalar_metrics, stopped_by
 from fnrl.run.result import TrainResult, mean_of_rows
 from fnrl.run.stop import StopRequest
@@ -31,16 +31,20 @@ def train_serial(plan, world) -> TrainResult:
     config, rows = plan.config, plan.rows
     env, agent, fused = env_and_agent(plan, world)
     resumed = plan.ckpt is not None
-    with world.agree():
-        run_dir = prepare_run_dir(plan.log_dir, plan.name, config, plan.seed, resumed) if world.main else None
+    sampler = samplers.make(plan.sampler, env, agent.act, config.num_steps, device=plan.device,   # its checks
+                            agent=(plan.name, config), workers=plan.sampler_workers)        # before the folder
+    try:
+        with world.agree():
+            run_dir = prepare_run_dir(plan.log_dir, plan.name, config, plan.seed, resumed) if world.main else None
+    except BaseException:
+        sampler.close()
+        raise
     if world.main:
         write_config_json(run_dir, plan.name, plan.seed, plan.run_config, plan.preset,
                           **({"num_seeds": plan.num_seeds, "sweep": plan.sweep} if rows else {}))
     state, counters = initial_state(plan, world, agent)
     learner = ReplayLearner(plan, agent.update, env.spec, fused, world.size == 1) if plan.off_policy else None
     evaluation = run_evaluation(plan, world, counters["env_steps"])
-    sampler = samplers.make(plan.sampler, env, agent.act, config.num_steps, device=plan.device,
-                            agent=(plan.name, config), workers=plan.sampler_workers)
     keeps_envs = world.size == 1 and hasattr(sampler, "state_dict")   # the graph sampler's tensors, in-process envs
     if keeps_envs and resumed and plan.ckpt.get("sampler_state") is not None:
         sampler.load_state_dict(plan.ckpt["sampler_state"])
@@ -111,6 +115,7 @@ def train_serial(plan, world) -> TrainResult:
             steady.release()
             progress.close()
             sampler.close()
+            release_run_dir(run_dir)
             if evaluation is not None:
                 evaluation.close()
     if plan.plot and world.main:

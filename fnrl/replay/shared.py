@@ -92,10 +92,24 @@ class SharedReplay:
                 return None
             return replay.sample(current, batch_size, beta=beta, generator=generator)
 
-    def update_priorities(self, index: torch.Tensor, priority: torch.Tensor) -> None:
-        """`fnrl.replay.update_priorities` under the lock (index from `sample`, priority = TD errors [N])."""
+    def update_priorities(self, index: torch.Tensor, priority: torch.Tensor, sampled_at: int | None = None) -> None:
+        """`fnrl.replay.update_priorities` under the lock (index from `sample`, priority = TD errors [N]).
+
+        sampled_at: `steps_written` read before the `sample` that drew `index`: rows written over
+        since then (the writer runs in another process) are left as they are, so a new row never
+        takes the priority of the old one it replaced."""
         with self.lock:
+            if sampled_at is not None:
+                fresh = ~self._overwritten(index, sampled_at)
+                index, priority = index[fresh], priority[fresh]
             replay.update_priorities(self._buffer, index.cpu(), priority.cpu())
+
+    def _overwritten(self, index: torch.Tensor, sampled_at: int) -> torch.Tensor:
+        """bool [N]: whether flat row `index` (position * B + env) was written since `sampled_at`.
+        The writes since then went to positions sampled_at, sampled_at + 1, ... mod C."""
+        spec, since = self.spec, int(self._steps_written) - sampled_at
+        position = torch.div(index, spec.num_envs, rounding_mode="floor")
+        return (position - sampled_at) % spec.rows_per_env < since
 
     @property
     def steps_written(self) -> int:

@@ -1,8 +1,15 @@
-"""The run folder: where a run writes progress.csv, config.json, TensorBoard events and its checkpoint."""
+"""The run folder: where a run writes progress.csv, config.json, TensorBoard events and its checkpoint.
+
+A run holds its folder while it trains: `LOCK` names its host and process, so a second run
+started on the same folder (another shell, a relaunched grid) stops with one line instead of
+writing over the first. A lock whose process has ended (killed, crashed) is taken over.
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 from datetime import datetime
 from pathlib import Path
 
@@ -16,9 +23,14 @@ def default_run_dir(name: str, config, seed: int) -> Path:
     return Path("runs") / f"{name}-{env}-s{seed}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def prepare_run_dir(log_dir, name: str, config, seed: int, resume: bool) -> Path:
-    """The run folder, created: `log_dir` (default: `default_run_dir`); ConfigError if its parent is
-    missing, or if it already holds a run that is not being resumed."""
+LOCK = "run.lock"
+"""The file a training run holds in its folder ("HOST PID")."""
+
+
+def prepare_run_dir(log_dir, name: str, config, seed: int, resume: bool, claim: bool = True) -> Path:
+    """The run folder, created and (`claim`) held by this process (`claim_run_dir`): `log_dir`
+    (default: `default_run_dir`); ConfigError if its parent is missing, if it already holds a run
+    that is not being resumed, or if another run holds it."""
     path = Path(log_dir) if log_dir is not None else default_run_dir(name, config, seed)
     parent = path.resolve().parent
     if log_dir is not None and not parent.is_dir():
@@ -26,7 +38,64 @@ def prepare_run_dir(log_dir, name: str, config, seed: int, resume: bool) -> Path
     if not resume and (path / CHECKPOINT).exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} to continue it or pick a new --log-dir")
     path.mkdir(parents=True, exist_ok=True)
+    if claim:
+        claim_run_dir(path)
     return path
+
+
+def _me() -> str:
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+def holder(path) -> str | None:
+    """The live "HOST PID" of the run holding folder `path`, or None (no lock, this process's, or a
+    process gone)."""
+    lock = Path(path) / LOCK
+    try:
+        text = lock.read_text().strip()
+    except FileNotFoundError:
+        return None
+    host, _, pid = text.rpartition(" ")
+    if text == _me() or not pid.isdigit():
+        return None
+    if host != socket.gethostname():
+        return text   # another machine's run: it cannot be checked from here
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return text
+
+
+def check_free(path) -> None:
+    """ConfigError naming the run that holds folder `path`, if another one does."""
+    running = holder(path)
+    if running is not None:
+        raise ConfigError(f"{path} is in use by another run (process {running}); wait for it to end or pick "
+                          f"another --log-dir (delete {Path(path) / LOCK} if no run uses the folder)")
+
+
+def claim_run_dir(path: Path) -> None:
+    """Hold run folder `path` for this process: ConfigError naming the run that holds it, if one does."""
+    check_free(path)
+    lock = Path(path) / LOCK
+    tmp = lock.with_name(f".{LOCK}.{os.getpid()}.tmp")
+    tmp.write_text(_me() + "\n")
+    os.replace(tmp, lock)
+
+
+def release_run_dir(path) -> None:
+    """Let go of run folder `path` if this process holds it."""
+    if path is None:
+        return
+    lock = Path(path) / LOCK
+    try:
+        if lock.read_text().strip() == _me():
+            lock.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def write_config_json(run_dir: Path, name: str, seed: int, config, preset: str | None, **extra) -> None:

@@ -20,6 +20,7 @@ from fnrl.accel.cudagraphs import check_cuda_graphs
 from fnrl.accel.options import AccelOptions, resolve
 from fnrl.errors import ConfigError
 from fnrl.run.checkpoint import config_from_json, load_checkpoint
+from fnrl.run.folder import check_free
 
 
 @dataclass
@@ -88,9 +89,27 @@ def resumed_config(ckpt: dict, name: str, resume, world_size: int):
     return type(algos.default_config(name))(**config_from_json(ckpt["config"]))
 
 
+def _changed(config, changes: dict, ckpt: dict, resume):
+    """The resumed `config` with `changes` (Config fields given again): ConfigError naming every field
+    whose value differs from the checkpoint's, but `total_steps`, which extends the run when it is
+    more than the env steps the run has made."""
+    differ = sorted(k for k, v in changes.items() if k != "total_steps" and getattr(config, k, v) != v)
+    if differ:
+        raise ConfigError(f"--resume continues a run with its checkpoint's config; only --total-steps may change "
+                          f"(to extend the run), not {', '.join('--' + k.replace('_', '-') for k in differ)}")
+    total_steps = changes.get("total_steps", config.total_steps)
+    if total_steps == config.total_steps:
+        return config
+    done = ckpt["counters"]["env_steps"] * ckpt.get("world_size", 1)
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= done:
+        raise ConfigError(f"run {resume} stands at {done} env steps; --total-steps must be more than that to "
+                          f"extend it, got {total_steps!r}")
+    return dataclasses.replace(config, total_steps=total_steps)
+
+
 def make_plan(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu",
               resume=None, sampler: str | None = None, num_seeds: int = 1, sweep: dict | None = None,
-              preset: str | None = None, **options) -> Plan:
+              preset: str | None = None, changes: dict | None = None, **options) -> Plan:
     """Resolve and check one process's run (of `world`, a fnrl.distributed World); `options` are
     the rest of `fnrl.train.train`'s keywords, kept as they are. A resumed run takes its config,
     seed, rows, sampler and preset from its checkpoint."""
@@ -106,6 +125,9 @@ def make_plan(world, name: str, config=None, *, seed: int = 0, log_dir=None, dev
         num_seeds, sweep = ckpt.get("num_seeds", 1), ckpt.get("sweep")
         sampler = sampler or ckpt.get("sampler", "serial")
         preset = ckpt.get("preset")
+        config = _changed(config, changes or {}, ckpt, resume)
+    elif changes:
+        raise ConfigError("changes= applies to a resumed run; a new run takes its settings in its config")
     sampler = sampler or "serial"
     if config is None:
         from fnrl.presets import configure
@@ -160,6 +182,8 @@ def _check(plan: Plan, world) -> None:
         raise ConfigError(f"--threads must be at least 1 (or left out for torch's default), got {plan.threads!r}")
     if plan.log_dir is not None and Path(plan.log_dir).exists() and not Path(plan.log_dir).is_dir():
         raise ConfigError(f"--log-dir {plan.log_dir} is a file, not a folder; choose another --log-dir")
+    if plan.log_dir is not None and world.main:
+        check_free(plan.log_dir)
     if plan.update_threads is not None and plan.update_threads < 1:
         raise ConfigError(f"--update-threads must be at least 1, got {plan.update_threads}")
     if plan.update_threads is not None and plan.runtime != "serial":

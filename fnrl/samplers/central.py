@@ -29,9 +29,9 @@ fnrl.samplers.serial): `obs`, `next_obs` (views of one [T + 1, B] buffer), `acti
 Recurrent policies: the carry lives with the inference server, per actor and env, and is
 reset from the actor's `reset` flags exactly as the serial sampler does.
 
-Shutdown: `close()` (also on any exception or Ctrl-C in the learner) sets a stop event,
+Shutdown: `close()` (also on any exception or Ctrl-C in the learner) sets a stop flag,
 joins every actor with a timeout and kills stragglers. Actors ignore SIGINT (the learner
-stops them), check the stop event and their parent at every wait, and exit when the
+stops them), check the stop flag and their parent at every wait, and exit when the
 learner is gone. An actor that dies makes the learner's next wait raise `ActorError`
 with one line naming the actor and its exit code.
 """
@@ -57,7 +57,22 @@ _STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end
 _STEP_DTYPES = {"reward": torch.float32, "terminated": torch.bool, "truncated": torch.bool, "done": torch.bool,
                 "valid": torch.bool, "episode_end": torch.bool, "episode_return": torch.float32,
                 "episode_length": torch.float32}
-_POLL_S = 0.2  # the longest any wait blocks before checking the stop event / liveness
+_POLL_S = 0.2  # the longest any wait blocks before checking the stop flag / liveness
+
+
+class StopFlag:
+    """A stop flag shared with child processes: one shared byte, read and written without a lock
+    (a `multiprocessing.Event` guards its flag with a lock: an actor killed while it held that
+    lock would leave every later `set` / `is_set` waiting for it forever)."""
+
+    def __init__(self, ctx):
+        self._flag = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
 
 
 class ActorError(RuntimeError):
@@ -147,7 +162,7 @@ class CentralSampler:
     def start(self) -> "CentralSampler":
         """Spawn the actors and start the inference thread."""
         ctx = mp.get_context(self.start_method)
-        self._stop = ctx.Event()
+        self._stop = StopFlag(ctx)
         self._free, self._full = ctx.Queue(), ctx.Queue()
         for s in range(self.num_slots):
             self._free.put(s)
