@@ -103,7 +103,7 @@ def test_a_dead_parallel_worker_stops_training_with_one_line(tmp_path, monkeypat
     env step, as the async and central loops give (the sampler's own error is tested in
     tests/test_samplers.py)."""
     from fnrl import algos, samplers
-    from fnrl.samplers.async_ import SamplerError
+    from fnrl.errors import SamplerError
     from fnrl.train import TrainingError, train
 
     made = samplers.make

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from fnrl import samplers
-from fnrl.samplers.async_ import SamplerError
+from fnrl.errors import SamplerError
 from fnrl.accel import compiled
 from fnrl.loops.build import env_and_agent, initial_state, run_evaluation, run_progress, update_threads
 from fnrl.loops.off_policy import ReplayLearner

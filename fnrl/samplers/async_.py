@@ -54,16 +54,13 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from fnrl import rng
+from fnrl.errors import SamplerError
 from fnrl.samplers.serial import SerialSampler
 
 __all__ = ["AsyncSampler", "SamplerError", "SharedParams", "Throttle", "TimedLock", "start_method"]
 
 POLL_S = 0.05
 """Longest single wait of either process before it rechecks stop / liveness."""
-
-
-class SamplerError(RuntimeError):
-    """The sampler process died, failed or stalled (one-line message)."""
 
 
 def start_method(sampler_device: str | torch.device = "cpu") -> str:

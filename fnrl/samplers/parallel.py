@@ -41,12 +41,8 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from fnrl.envs.batched import BatchedEnv
-from fnrl.errors import ConfigError
+from fnrl.errors import ConfigError, SamplerError
 from fnrl.samplers.lane import Lane, RolloutBuffer
-
-
-class SamplerError(RuntimeError):
-    """A sampler worker died, failed or stopped answering; the sampler is closed."""
 
 
 def default_workers(num_envs: int) -> int:
