@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from pathlib import Path
+
+from fnrl.files import replacing
 
 
 class Logger:
@@ -43,12 +44,10 @@ class Logger:
 
     def _rewrite(self, rows: list[dict]) -> None:
         """progress.csv holding just `rows` (as read), replaced atomically."""
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", newline="") as f:
+        with replacing(self.path) as tmp, open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, self._fields, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, self.path)
 
     def log(self, row: dict) -> None:
         if self._writer is None:
@@ -144,10 +143,11 @@ def plot_curves(runs, path: str | Path, title: str = "", y: str = "return_mean",
     ax.grid(alpha=0.3)
     ax.legend(loc="best" if isinstance(runs, dict) else "lower right", fontsize="small" if len(groups) > 3 else None)
     fig.tight_layout()
-    tmp = Path(str(path) + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with replacing(path) as tmp:
+            fig.savefig(tmp, dpi=100)
+    finally:
+        plt.close(fig)
     return Path(path)
 
 

@@ -37,6 +37,7 @@ from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import TrainingError, check_finite as finite_scalars
 from fnrl.run.progress import Progress
 from fnrl.run.result import TrainResult
+from fnrl.run.stop import StopRequest
 
 ACT_KEYS = ("params", "obs_rms")
 """State keys an off-policy `act` may read besides env_steps (a module may declare its own `SPEC.act_keys`)."""
@@ -96,6 +97,7 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
 
     sampler.start()   # a spawned process: it inherits none of this process's threads
     progress = evaluation = None
+    stop = StopRequest().start()
     try:
         evaluation = _evaluation(plan, counters["env_steps"])
         progress = Progress(Logger(run.run_dir, tensorboard=plan.tensorboard,
@@ -135,12 +137,14 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
                 progress.write(counters, evaluations, [{k: v for k, v in scalars.items() if k != "priority"}],
                                extra=_waits(progress.interval_s, idle, snap, seen, lag), postfix={"lag": lag})
                 seen, idle = snap, 0.0
-            if solved or finished or save.due(env_steps):
+            if solved or finished or save.due(env_steps) or stop.requested:
                 save.passed(env_steps)
                 finite_scalars(metrics, env_steps, last_checkpoint)
                 checkpoint()
             if solved or finished:
                 break
+            if stop.requested:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
+                raise stop.stopped(run.run_dir, env_steps)
             if done == 0:
                 t = time.perf_counter()
                 sampler.wait_for_data(POLL_S)
@@ -148,6 +152,7 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
     except (SamplerError, TimeoutError) as e:
         raise TrainingError(f"{e}; the last checkpoint is {last_checkpoint}") from None
     finally:
+        stop.close()
         sampler.stop()
         release_run_dir(run.run_dir)
         if progress is not None:

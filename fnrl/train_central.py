@@ -24,6 +24,7 @@ from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import check_finite as finite_scalars, stopped_by
 from fnrl.run.progress import Progress
 from fnrl.run.result import TrainResult
+from fnrl.run.stop import StopRequest
 
 
 def train_central(plan) -> TrainResult:
@@ -59,6 +60,7 @@ def train_central(plan) -> TrainResult:
     log, save = cadences(plan, steps_per_update, counters["env_steps"])
     lags: list[torch.Tensor] = []
     metrics, seen = {}, (0, 0)   # seen: the inference server's forwards and requests at the last row
+    stop = StopRequest().start()
     try:
         sampler.start()
         while counters["env_steps"] < config.total_steps:
@@ -87,13 +89,16 @@ def train_central(plan) -> TrainResult:
                 progress.write(counters, evaluations, [scalars], extra=extra,
                                postfix={"lag": f"{extra['policy_lag_mean']:.1f}"})
                 lags = []
-            if solved or done or save.due(counters["env_steps"]):
+            if solved or done or save.due(counters["env_steps"]) or stop.requested:
                 save.passed(counters["env_steps"])
                 finite_scalars(metrics, counters["env_steps"], last_checkpoint)
                 checkpoint()
             if solved:
                 break
+            if stop.requested:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
+                raise stop.stopped(run_dir, counters["env_steps"])
     finally:
+        stop.close()
         sampler.close()
         progress.close()
         release_run_dir(run_dir)

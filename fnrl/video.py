@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from fnrl.errors import ConfigError
+from fnrl.files import replacing, temporary_beside
 
 FORMATS = (".mp4", ".gif")
 
@@ -67,7 +68,7 @@ class VideoWriter:
             import cv2
 
             if self._cv is None:
-                self._tmp = self.path.with_name(self.path.stem + ".tmp" + self.path.suffix)
+                self._tmp = temporary_beside(self.path)
                 self._cv = cv2.VideoWriter(str(self._tmp), cv2.VideoWriter_fourcc(*"mp4v"), self.fps,
                                            (frame.shape[1], frame.shape[0]))
                 if not self._cv.isOpened():
@@ -83,11 +84,10 @@ class VideoWriter:
         if self.frames == 0:
             raise ConfigError(f"no frames were recorded for {self.path}")
         if self._gif is not None:
-            tmp = self.path.with_name(self.path.stem + ".tmp.gif")
-            self._gif[0].save(tmp, save_all=True, append_images=self._gif[1:], duration=round(1000 / self.fps),
-                              loop=0)
+            with replacing(self.path) as tmp:
+                self._gif[0].save(tmp, save_all=True, append_images=self._gif[1:], duration=round(1000 / self.fps),
+                                  loop=0)
             self._gif = []
-            os.replace(tmp, self.path)
         elif self._cv is not None:
             self._cv.release()
             self._cv = None

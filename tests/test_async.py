@@ -339,6 +339,21 @@ def test_ctrl_c_stops_both_processes(tmp_path, cli_run):
     _wait_until(lambda: not _alive(sampler), 30, "the sampler to exit")
 
 
+def test_sigterm_checkpoints_the_run_and_stops_both_processes(tmp_path, cli_run):
+    from fnrl.train import load_checkpoint
+
+    proc = cli_run()
+    sampler = _sampler_of(proc)
+    _wait_until(lambda: (tmp_path / "run" / "progress.csv").exists(), STARTUP_S, "the first log row")
+    os.kill(proc.pid, signal.SIGTERM)
+    code = proc.wait(120)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert code == 128 + signal.SIGTERM, stderr
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert f"stopped by SIGTERM at env step {ckpt['counters']['env_steps']}" in stderr
+    _wait_until(lambda: not _alive(sampler), 30, "the sampler to exit")
+
+
 def test_sampler_exits_when_the_main_process_is_killed(tmp_path, cli_run):
     proc = cli_run()
     sampler = _sampler_of(proc)

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from fnrl.errors import ConfigError
+from fnrl.files import replacing
 from fnrl.run.checkpoint import CHECKPOINT
 
 
@@ -81,9 +82,8 @@ def claim_run_dir(path: Path) -> None:
     """Hold run folder `path` for this process: ConfigError naming the run that holds it, if one does."""
     check_free(path)
     lock = Path(path) / LOCK
-    tmp = lock.with_name(f".{LOCK}.{os.getpid()}.tmp")
-    tmp.write_text(_me() + "\n")
-    os.replace(tmp, lock)
+    with replacing(lock) as tmp:
+        tmp.write_text(_me() + "\n")
 
 
 def release_run_dir(path) -> None:

@@ -1,5 +1,6 @@
-"""Stopping a run cleanly: SIGTERM (a scheduler's stop) and SIGINT (Ctrl-C) end the serial loop at
-its next iteration boundary with a checkpoint, so a preempted job resumes from where it stopped.
+"""Stopping a run cleanly: SIGTERM (a scheduler's stop) and SIGINT (Ctrl-C) end a training loop
+(serial, `--sampler async`, IMPALA's) at its next iteration boundary with a checkpoint, so a
+preempted job resumes from where it stopped.
 
     with StopRequest() as stop:
         while ...:
@@ -51,15 +52,23 @@ class StopRequest:
             signal.signal(signum, handler)
         self._previous = {}
 
-    def __enter__(self) -> "StopRequest":
+    def start(self) -> "StopRequest":
+        """Defer the signals from now on (`with StopRequest() as stop:` does this, and `close` on exit)."""
         if self.enabled:
             self._previous = {s: signal.getsignal(s) for s in SIGNALS}
             for s in SIGNALS:
                 signal.signal(s, self._note)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def close(self) -> None:
+        """Put the signal handlers back as they were."""
         self._restore()
+
+    def __enter__(self) -> "StopRequest":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def stopped(self, run_dir, env_steps: int) -> RunStopped:
         name = signal.Signals(self.signum).name
