@@ -1,11 +1,12 @@
-"""The `fnrl` command: train, eval, launch, plot, bench.
+"""The `fnrl` command: train, eval, export, launch, plot, bench.
 
     fnrl train ALGO [--env ENV_ID] [--preset auto|none] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda [--cuda-graphs]] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-episodes K] [--eval-interval N]
                     [--sampler serial|alternating|parallel|graph|async [--sampler-workers W]] [--nproc N]
                     [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
-    fnrl eval CHECKPOINT [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
+    fnrl eval CHECKPOINT|POLICY [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
+    fnrl export RUN [--out FILE]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
     fnrl bench [--quick] [--only KEY,...] [--threads N] [--device cpu|cuda]   (from a source checkout)
@@ -263,7 +264,19 @@ def _bench(argv: list[str]) -> int:
         raise ConfigError(str(e)) from e
 
 
-COMMANDS = {"train": _train, "eval": _eval, "launch": _launch, "plot": _plot, "bench": _bench}
+def _export(argv: list[str]) -> int:
+    parser = _OneLineParser(prog="fnrl export", description="Write a trained agent's policy file (what acting "
+                            "needs: parameters and normalizers, config as JSON), for `fnrl eval` or sharing.")
+    parser.add_argument("run", help="the run folder, or its checkpoint.pt")
+    parser.add_argument("--out", default=None, metavar="FILE", help="where to write it (default: RUN/policy.pt)")
+    args = parser.parse_args(argv)
+    from fnrl.export import export_policy
+
+    print(f"policy written to {export_policy(args.run, args.out)}")
+    return 0
+
+
+COMMANDS = {"train": _train, "eval": _eval, "export": _export, "launch": _launch, "plot": _plot, "bench": _bench}
 
 
 def _rank() -> int:

@@ -177,9 +177,9 @@ class RunEvaluation:
 
 
 def _load(path, row: int | None = None):
-    """(algo, config, state) of a checkpoint; for a vmapped run (--num-seeds / --sweep), of
-    its row `row` (required when it has several)."""
-    ckpt = load_checkpoint(path)
+    """(algo, config, state) of a checkpoint or a policy file (`fnrl export`); for a vmapped run
+    (--num-seeds / --sweep), of its row `row` (required when it has several)."""
+    ckpt = load_checkpoint(path, policy=True)
     name = ckpt["algo"]
     state = ckpt["state"]
     rows = state.batch_size[0] if state.batch_dims else None

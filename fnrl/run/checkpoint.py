@@ -14,6 +14,7 @@ write leaves the old checkpoint and no temporary file.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import tempfile
@@ -37,9 +38,16 @@ v4: plain data, read with weights_only=True (`fnrl.run.plain`)."""
 REQUIRED = {"algo": str, "seed": int, "config": dict, "state": TensorDictBase, "counters": dict}
 """The entries every checkpoint has, with their types (`load_checkpoint` checks them)."""
 
+POLICY_FORMAT = "fnrl-policy-v1"
+"""A policy file (`fnrl export`): what acting needs of a trained state, for sharing an agent."""
 
-def load_checkpoint(path: str | Path) -> dict:
-    """Read a checkpoint file (or a run folder holding one), with one-line errors."""
+POLICY_REQUIRED = {"algo": str, "config_json": str, "state": TensorDictBase}
+"""The entries of a policy file: the algorithm, its Config as JSON, and the state `act` reads."""
+
+
+def load_checkpoint(path: str | Path, policy: bool = False) -> dict:
+    """Read a checkpoint file (or a run folder holding one), with one-line errors; with `policy`, a
+    policy file (`POLICY_FORMAT`, see `policy_payload`) is read too, its config back as a dict."""
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT
@@ -54,6 +62,11 @@ def load_checkpoint(path: str | Path) -> dict:
     except Exception as e:  # truncated or foreign file
         raise ConfigError(f"{path} is not a readable fnrl checkpoint ({type(e).__name__}); it may be corrupt") from e
     tag = ckpt.get("format") if isinstance(ckpt, dict) else None
+    if tag == POLICY_FORMAT:
+        if policy:
+            return _policy(ckpt, path)
+        raise ConfigError(f"{path} is a policy file (`fnrl export`): `fnrl eval` takes it, but resuming a run "
+                          f"needs the run's {CHECKPOINT}")
     if isinstance(tag, str) and tag.startswith("fnrl-checkpoint-") and tag != CHECKPOINT_FORMAT:
         raise ConfigError(f"{path} was written by another fnrl version (format {tag!r}; this one reads "
                           f"{CHECKPOINT_FORMAT!r}); evaluate or resume it with that version, or retrain")
@@ -69,6 +82,27 @@ def load_checkpoint(path: str | Path) -> dict:
             raise ConfigError(f"{path} {problem} {key!r} entry, so it is not a whole fnrl checkpoint; resume or "
                               "evaluate another one, or retrain")
     return ckpt
+
+
+def _policy(saved: dict, path: Path) -> dict:
+    try:
+        saved = from_plain(saved)
+        for key, kind in POLICY_REQUIRED.items():
+            if not isinstance(saved.get(key), kind):
+                raise ValueError(f"no {key!r} entry")
+        return {**saved, "config": json.loads(saved["config_json"])}
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{path} is not a readable fnrl policy file ({e})") from e
+
+
+def policy_payload(algo: str, config: dict, state, act_keys) -> dict:
+    """A policy file's contents: the algorithm, its Config as JSON, and of the trained `state` (one
+    run's, on the CPU) the entries `act` reads (`act_keys`; None: all but optimizer moments and
+    target networks). Written with `save_checkpoint`, read with `load_checkpoint(path, policy=True)`:
+    no code runs when it is opened, and `fnrl eval` takes it as it takes a checkpoint."""
+    kept = state.select(*act_keys, strict=False) if act_keys is not None else state.exclude("opt_state", "target")
+    return {"format": POLICY_FORMAT, "algo": algo, "config_json": json.dumps(config, default=list),
+            "state": kept.cpu()}
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
