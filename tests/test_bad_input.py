@@ -42,7 +42,22 @@ def _cases(tmp_path):
     corrupt = _grid(tmp_path, GOOD_GRID.format(seed=0, root=str(corrupt_root)), "corrupt.py")
     (corrupt_root / "ppo-CartPole-v1-s0").mkdir(parents=True)
     (corrupt_root / "ppo-CartPole-v1-s0" / "launch.json").write_text("{not json")
+    older = tmp_path / "older"
+    older.mkdir()
+    torch.save({"format": "fnrl-checkpoint-v1", "algo": "ppo"}, older / CHECKPOINT)
     return [
+        (["train", "nope"], "unknown algorithm 'nope'", []),
+        (["train", "ppo", "--env", "CartPol-v1"], "unknown env id", []),
+        (["train", "ppo", "--num-minibatches", "3"], "does not divide", []),
+        (["train", "ppo", "--learning-rat", "1e-3"], "unrecognized arguments", []),
+        (["train", "ppo", "--log-dir", "/nonexistent-parent/run"], "log dir parent", []),
+        (["train", "dqn", "--env", "Pendulum-v1"], "discrete action space", []),
+        (["train", "ppo", "--env-threads", "-1"], "--env-threads must be >= 0", []),
+        (["train", "ppo", "--update-threads", "0"], "--update-threads must be at least 1", []),
+        (["train", "impala", "--update-threads", "2"], "--update-threads applies to the serial training loop", []),
+        (["eval", "/nonexistent/checkpoint.pt"], "no checkpoint", []),
+        (["eval", older], "written by another fnrl version", []),
+        (["frobnicate"], "unknown command", []),
         (["train", "ppo", "--log-dir", a_file], "is a file, not a folder", []),
         (["train", "ppo", "--threads", "0", "--log-dir", tmp_path / "threads"], "--threads must be at least 1",
          [tmp_path / "threads"]),

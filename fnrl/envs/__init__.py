@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import os
+import warnings
 from functools import lru_cache
 
 import gymnasium as gym
@@ -200,10 +201,12 @@ def _make(env_id: str, num_envs: int, seed: list[int], *, train: bool, backend: 
             kwargs.setdefault("episodic_life", train)
             kwargs.setdefault("reward_clip", train)
         kwargs.setdefault("num_threads", envpool_threads(env_id))
-        raw = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
-        cfg = raw.spec.config
-        spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=cfg.max_episode_steps,
-                       is_atari=atari, **_space_spec(raw.observation_space, raw.action_space))
+        with warnings.catch_warnings():   # EnvPool builds its Box spaces from float64 bounds: gymnasium
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting", category=UserWarning)
+            raw = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
+            cfg = raw.spec.config
+            spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=cfg.max_episode_steps,
+                           is_atari=atari, **_space_spec(raw.observation_space, raw.action_space))
         return BatchedEnv(raw, spec, atari=atari)
     if backend != "envpool" and env_id in gym.registry:
         raw = InProcessEnvs(env_id, num_envs, **kwargs)

@@ -180,6 +180,9 @@ def _check(plan: Plan, world) -> None:
     if plan.threads is not None and (isinstance(plan.threads, bool) or not isinstance(plan.threads, int)
                                      or plan.threads < 1):
         raise ConfigError(f"--threads must be at least 1 (or left out for torch's default), got {plan.threads!r}")
+    if plan.log_dir is not None and not Path(plan.log_dir).resolve().parent.is_dir():
+        raise ConfigError(f"log dir parent {Path(plan.log_dir).resolve().parent} does not exist; create it or "
+                          "choose another --log-dir")
     if plan.log_dir is not None and Path(plan.log_dir).exists() and not Path(plan.log_dir).is_dir():
         raise ConfigError(f"--log-dir {plan.log_dir} is a file, not a folder; choose another --log-dir")
     if plan.log_dir is not None and world.main:
