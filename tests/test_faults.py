@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import signal
 import subprocess
 import sys
@@ -47,8 +48,8 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _start(tmp_path) -> tuple[subprocess.Popen, list[int], list[int]]:
-    """The run, once it has logged a row and written a checkpoint: (process, its sampler workers
-    (forked by the forkserver), every process under it)."""
+    """The run, at a random moment up to 2 s after it has logged a row and written a checkpoint:
+    (process, its sampler workers (forked by the forkserver), every process under it)."""
     proc = subprocess.Popen([sys.executable, "-m", "fnrl", *RUN], cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     run, deadline = tmp_path / "run", time.monotonic() + 300
@@ -57,6 +58,9 @@ def _start(tmp_path) -> tuple[subprocess.Popen, list[int], list[int]]:
             proc.kill()
             pytest.fail(f"the run did not start: {proc.communicate()[1][-2000:]}")
         time.sleep(0.3)
+    delay = random.uniform(0.0, 2.0)
+    print(f"killing {delay:.2f} s after the first checkpoint")   # shown if the test fails
+    time.sleep(delay)
     servers = [p for p in _children(proc.pid) if "forkserver" in _cmdline(p)]
     workers = [w for s in servers for w in _children(s)]
     return proc, workers, _descendants(proc.pid)

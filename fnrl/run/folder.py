@@ -33,15 +33,26 @@ def prepare_run_dir(log_dir, name: str, config, seed: int, resume: bool, claim: 
     (default: `default_run_dir`); ConfigError if its parent is missing, if it already holds a run
     that is not being resumed, or if another run holds it."""
     path = Path(log_dir) if log_dir is not None else default_run_dir(name, config, seed)
-    parent = path.resolve().parent
-    if log_dir is not None and not parent.is_dir():
-        raise ConfigError(f"log dir parent {parent} does not exist; create it or choose another --log-dir")
+    if log_dir is not None:
+        check_log_dir(path)
     if not resume and (path / CHECKPOINT).exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} to continue it or pick a new --log-dir")
     path.mkdir(parents=True, exist_ok=True)
     if claim:
         claim_run_dir(path)
     return path
+
+
+def check_log_dir(log_dir) -> None:
+    """ConfigError, before any work, if `--log-dir` cannot hold this run: its parent is missing, it
+    is a file, or another live run holds it."""
+    path = Path(log_dir)
+    if not path.resolve().parent.is_dir():
+        raise ConfigError(f"log dir parent {path.resolve().parent} does not exist; create it or choose another "
+                          "--log-dir")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--log-dir {log_dir} is a file, not a folder; choose another --log-dir")
+    check_free(path)
 
 
 def _me() -> str:

@@ -10,9 +10,8 @@ checkpoint holds in those terms, tagged with the reserved key `TAG`:
     an fnrl dataclass     {TAG: "dataclass", "type": "ReplayBuffer", "fields": {...}}  (`DATACLASSES` only)
 
 and `from_plain` turns them back. A value of any other type is a TypeError when it is written,
-so nothing that needs unpickling can enter a checkpoint unnoticed. Bytes stay bytes: the one
-producer of bytes is an in-process env's snapshot, itself a pickle, which `fnrl.run.checkpoint`
-opens only on an explicit opt-in.
+so nothing that needs unpickling can enter a checkpoint unnoticed (an in-process env's snapshot
+is plain data too: `fnrl.envs.inprocess`).
 """
 from __future__ import annotations
 
@@ -90,14 +89,3 @@ def from_plain(value):
         return type(value)(from_plain(v) for v in value)
     return value
 
-
-def holds_bytes(value) -> bool:
-    """Whether `value` (as `from_plain` returns it) holds a bytes string anywhere: an env snapshot,
-    a pickle."""
-    if isinstance(value, bytes):
-        return True
-    if isinstance(value, dict):
-        return any(holds_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple, set)):
-        return any(holds_bytes(v) for v in value)
-    return False

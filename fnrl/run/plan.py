@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -20,7 +19,7 @@ from fnrl.accel.cudagraphs import check_cuda_graphs
 from fnrl.accel.options import AccelOptions, resolve
 from fnrl.errors import ConfigError
 from fnrl.run.checkpoint import config_from_json, load_checkpoint
-from fnrl.run.folder import check_free
+from fnrl.run.folder import check_log_dir
 
 
 @dataclass
@@ -180,13 +179,8 @@ def _check(plan: Plan, world) -> None:
     if plan.threads is not None and (isinstance(plan.threads, bool) or not isinstance(plan.threads, int)
                                      or plan.threads < 1):
         raise ConfigError(f"--threads must be at least 1 (or left out for torch's default), got {plan.threads!r}")
-    if plan.log_dir is not None and not Path(plan.log_dir).resolve().parent.is_dir():
-        raise ConfigError(f"log dir parent {Path(plan.log_dir).resolve().parent} does not exist; create it or "
-                          "choose another --log-dir")
-    if plan.log_dir is not None and Path(plan.log_dir).exists() and not Path(plan.log_dir).is_dir():
-        raise ConfigError(f"--log-dir {plan.log_dir} is a file, not a folder; choose another --log-dir")
     if plan.log_dir is not None and world.main:
-        check_free(plan.log_dir)
+        check_log_dir(plan.log_dir)
     if plan.update_threads is not None and plan.update_threads < 1:
         raise ConfigError(f"--update-threads must be at least 1, got {plan.update_threads}")
     if plan.update_threads is not None and plan.runtime != "serial":
