@@ -329,28 +329,19 @@ def test_killing_the_sampler_ends_the_run_with_a_clear_error(tmp_path, cli_run):
     assert load_checkpoint(tmp_path / "run")["counters"]["env_steps"] >= 4_000
 
 
-def test_ctrl_c_stops_both_processes(tmp_path, cli_run):
-    proc = cli_run()
-    sampler = _sampler_of(proc)
-    _wait_until(lambda: (tmp_path / "run" / "progress.csv").exists(), STARTUP_S, "the first log row")
-    os.kill(proc.pid, signal.SIGINT)
-    code = proc.wait(120)
-    assert code == 130, (tmp_path / "stderr.txt").read_text()
-    _wait_until(lambda: not _alive(sampler), 30, "the sampler to exit")
-
-
-def test_sigterm_checkpoints_the_run_and_stops_both_processes(tmp_path, cli_run):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_stop_signal_checkpoints_the_run_and_stops_both_processes(tmp_path, cli_run, signum):
     from fnrl.train import load_checkpoint
 
     proc = cli_run()
     sampler = _sampler_of(proc)
     _wait_until(lambda: (tmp_path / "run" / "progress.csv").exists(), STARTUP_S, "the first log row")
-    os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid, signum)
     code = proc.wait(120)
     stderr = (tmp_path / "stderr.txt").read_text()
-    assert code == 128 + signal.SIGTERM, stderr
+    assert code == 128 + signum, stderr
     ckpt = load_checkpoint(tmp_path / "run")
-    assert f"stopped by SIGTERM at env step {ckpt['counters']['env_steps']}" in stderr
+    assert f"stopped by {signal.Signals(signum).name} at env step {ckpt['counters']['env_steps']}" in stderr
     _wait_until(lambda: not _alive(sampler), 30, "the sampler to exit")
 
 
