@@ -138,14 +138,14 @@ def test_a_failed_write_keeps_the_old_checkpoint_and_leaves_no_temporary_file(tm
 
 
 def test_an_exported_policy_holds_what_acting_reads_and_evaluates_as_its_checkpoint(tmp_path, capsys):
+    from fnrl import algos
     from fnrl.cli import main
     from fnrl.evaluate import evaluate_checkpoint
+    from fnrl.export import export_policy
     from fnrl.train import train
 
     config = {"total_steps": 2048, "num_envs": 4, "num_steps": 32}
     for algo, act_keys in (("ppo", {"params", "obs_rms"}), ("dqn", {"params", "env_steps"})):
-        from fnrl import algos
-
         run = tmp_path / algo
         cfg = type(algos.default_config(algo))(**{**algos.default_config(algo).__dict__, **config})
         train(algo, cfg, seed=0, log_dir=run, compile=False, quiet=True, tensorboard=False, plot=False,
@@ -158,8 +158,6 @@ def test_an_exported_policy_holds_what_acting_reads_and_evaluates_as_its_checkpo
         assert (run / "policy.pt").stat().st_size < (run / CHECKPOINT).stat().st_size
         assert evaluate_checkpoint(run / "policy.pt", episodes=3) == evaluate_checkpoint(run, episodes=3)
     with pytest.raises(ConfigError, match="would overwrite the run's checkpoint"):
-        from fnrl.export import export_policy
-
         export_policy(tmp_path / "ppo", tmp_path / "ppo" / CHECKPOINT)
     with pytest.raises(ConfigError, match="is a policy file"):
         load_checkpoint(tmp_path / "ppo" / "policy.pt")   # a policy file is no checkpoint to resume
