@@ -313,22 +313,6 @@ def cli_run(tmp_path):
         log.close()
 
 
-def test_killing_the_sampler_ends_the_run_with_a_clear_error(tmp_path, cli_run):
-    proc = cli_run()
-    sampler = _sampler_of(proc)
-    _wait_until(lambda: (tmp_path / "run" / "checkpoint.pt").exists() or proc.poll() is not None, STARTUP_S,
-                "the first checkpoint")
-    os.kill(sampler, signal.SIGKILL)
-    code = proc.wait(120)
-    stderr = (tmp_path / "stderr.txt").read_text()
-    lines = [line for line in stderr.splitlines() if line.startswith("fnrl:")]
-    assert code == 1, stderr
-    assert lines == [f"fnrl: training stopped: sampler process (pid {sampler}) died (signal SIGKILL); "
-                     f"the last checkpoint is {tmp_path / 'run' / 'checkpoint.pt'}"], stderr
-    assert not _alive(sampler) and not _alive(proc.pid)
-    assert load_checkpoint(tmp_path / "run")["counters"]["env_steps"] >= 4_000
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_a_stop_signal_checkpoints_the_run_and_stops_both_processes(tmp_path, cli_run, signum):
     from fnrl.train import load_checkpoint

@@ -260,7 +260,8 @@ def _loopback(local: str) -> bool:
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads sockets from Linux's /proc")
 def test_nproc_listens_on_loopback_only_and_leaves_no_process_behind(tmp_path):
     """`--nproc 2` meets through a private FileStore and connects its ranks over loopback: while it
-    trains, none of its processes listens on another interface; SIGTERM to the command stops them all."""
+    trains, none of its processes listens on another interface; SIGTERM to the command stops them all,
+with a checkpoint."""
     cmd = [sys.executable, "-m", "fnrl", "train", "ppo", "--env", "CartPole-v1", "--nproc", "2", "--total-steps",
            "2000000", "--num-envs", "4", "--num-steps", "32", "--quiet", "--log-dir", "run", "--no-compile"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -276,8 +277,9 @@ def test_nproc_listens_on_loopback_only_and_leaves_no_process_behind(tmp_path):
         listening = _listening([proc.pid, *workers])
         assert all(_loopback(a) for a in listening), listening
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
+        proc.send_signal(signal.SIGTERM)   # to the command only: it forwards the stop to its ranks
+        err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM and "fnrl: stopped by SIGTERM at env step" in err, err[-2000:]
     time.sleep(1)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
                 and "zombie" not in Path(f"/proc/{pid}/status").read_text()]

@@ -1,7 +1,8 @@
-"""Faults injected into real runs of the `fnrl` command: a killed `--sampler parallel` worker or
-learner ends in bounded time, with one line where the learner lives, no process left behind, and
-a last checkpoint that still loads and resumes. (The async sampler's and IMPALA's actors' kills
-are in tests/test_async.py and tests/test_impala.py; SIGTERM in tests/test_stop_signals.py.)"""
+"""Faults injected into real runs of the `fnrl` command, at a random moment after the first
+checkpoint: a SIGKILL'd worker (a `--sampler parallel` worker, the `--sampler async` sampler, an
+IMPALA actor) ends the run in bounded time with one line, no process and no shared memory
+(/dev/shm) left behind, and a last checkpoint that loads and resumes; a SIGKILL'd learner leaves
+no worker behind. (A SIGTERM to the whole run: tests/test_stop_signals.py.)"""
 from __future__ import annotations
 
 import os
@@ -14,44 +15,37 @@ import time
 
 import pytest
 
+from tests.processes import children, cmdline, descendants, leaked_shared_memory, shared_memory, wait_gone
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RUN = ["train", "ppo", "--env", "CartPole-v1", "--sampler", "parallel", "--sampler-workers", "2", "--num-envs", "4",
-       "--num-steps", "32", "--total-steps", "200000", "--no-compile", "--quiet", "--log-dir", "run"]
+RUNS = {
+    "parallel": ["ppo", "--sampler", "parallel", "--sampler-workers", "2", "--num-envs", "4", "--num-steps", "32"],
+    "async": ["dqn", "--sampler", "async", "--learning-starts", "1000", "--replay-ratio", "0.02", "--batch-size", "32"],
+    "impala": ["impala"],
+}
+EXTEND = 20_000
+"""env steps a resumed run adds to the killed run's checkpoint"""
+LINUX = pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
 
 
-def _children(pid: int) -> list[int]:
-    return [int(k) for task in pathlib.Path(f"/proc/{pid}/task").glob("*/children") for k in task.read_text().split()]
+def _workers(kind: str, pid: int) -> list[int]:
+    """The run's worker processes: the parallel sampler's (forked by the forkserver), the async
+    sampler, IMPALA's actors (forked by the learner)."""
+    if kind == "parallel":
+        return [w for s in children(pid) if "forkserver" in cmdline(s) for w in children(s)]
+    kids = [k for k in children(pid) if not any(h in cmdline(k) for h in ("resource_tracker", "forkserver"))]
+    if kind == "async":
+        return [k for k in kids if pathlib.Path(f"/proc/{k}/comm").read_text().strip() == "fnrl-sampler"]
+    return kids
 
 
-def _alive(pid: int) -> bool:
-    status = pathlib.Path(f"/proc/{pid}/status")
-    try:
-        return "zombie" not in status.read_text()
-    except FileNotFoundError:
-        return False
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return pathlib.Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    except FileNotFoundError:
-        return ""
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
-def _start(tmp_path) -> tuple[subprocess.Popen, list[int], list[int]]:
+def _start(tmp_path, kind: str) -> tuple[subprocess.Popen, list[int], list[int]]:
     """The run, at a random moment up to 2 s after it has logged a row and written a checkpoint:
-    (process, its sampler workers (forked by the forkserver), every process under it)."""
-    proc = subprocess.Popen([sys.executable, "-m", "fnrl", *RUN], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    (process, its workers, every process under it)."""
+    cmd = [sys.executable, "-m", "fnrl", "train", *RUNS[kind], "--total-steps", "200000", "--no-compile", "--quiet",
+           "--log-dir", "run"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     run, deadline = tmp_path / "run", time.monotonic() + 300
     while not ((run / "progress.csv").exists() and (run / "checkpoint.pt").exists()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -61,42 +55,40 @@ def _start(tmp_path) -> tuple[subprocess.Popen, list[int], list[int]]:
     delay = random.uniform(0.0, 2.0)
     print(f"killing {delay:.2f} s after the first checkpoint")   # shown if the test fails
     time.sleep(delay)
-    servers = [p for p in _children(proc.pid) if "forkserver" in _cmdline(p)]
-    workers = [w for s in servers for w in _children(s)]
-    return proc, workers, _descendants(proc.pid)
+    return proc, _workers(kind, proc.pid), descendants(proc.pid)
 
 
-@pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
-def test_a_killed_parallel_worker_stops_the_run_with_one_line_and_a_resumable_checkpoint(tmp_path):
+@LINUX
+@pytest.mark.parametrize("kind", list(RUNS))
+def test_a_killed_worker_stops_the_run_with_one_line_and_a_resumable_checkpoint(tmp_path, kind):
     from fnrl.train import load_checkpoint, train
 
-    proc, workers, everyone = _start(tmp_path)
-    assert len(workers) == 2, [_cmdline(p) for p in everyone]
-    os.kill(workers[0], signal.SIGKILL)
+    before = shared_memory()
+    proc, workers, everyone = _start(tmp_path, kind)
+    assert len(workers) == {"async": 1}.get(kind, 2), [cmdline(p) for p in everyone]
+    os.kill(random.choice(workers), signal.SIGKILL)
     err = proc.communicate(timeout=120)[1]
     lines = [line for line in err.strip().splitlines() if line.startswith("fnrl:")]
     assert proc.returncode == 1, err[-2000:]
     assert len(lines) == 1 and "training stopped" in lines[0] and "died" in lines[0], err[-2000:]
-    assert "the last checkpoint is" in lines[0]
-    deadline = time.monotonic() + 60
-    while any(_alive(p) for p in everyone) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [_cmdline(p) for p in everyone if _alive(p)]
+    assert lines[0].endswith("the last checkpoint is run/checkpoint.pt"), err[-2000:]
+    assert wait_gone(everyone) == []
+    assert leaked_shared_memory(before) == []
     ckpt = load_checkpoint(tmp_path / "run")
     done = ckpt["counters"]["env_steps"]
-    assert done > 0 and ckpt["sampler"] == "parallel"
-    resumed = train("ppo", None, resume=tmp_path / "run", changes={"total_steps": done + 256}, compile=False,
-                    quiet=True, tensorboard=False, plot=False, eval_episodes=0)
-    assert resumed.history[-1]["env_steps"] == done + 256
+    assert done > 0
+    resumed = train(RUNS[kind][0], None, resume=tmp_path / "run", changes={"total_steps": done + EXTEND},
+                    compile=False, quiet=True, tensorboard=False, plot=False, eval_episodes=0)
+    assert resumed.history[-1]["env_steps"] >= done + EXTEND
 
 
-@pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
-def test_a_killed_learner_leaves_no_parallel_worker_behind(tmp_path):
-    proc, workers, everyone = _start(tmp_path)
+@LINUX
+@pytest.mark.parametrize("kind", ["parallel", "impala"])   # the async sampler's: tests/test_async.py
+def test_a_killed_learner_leaves_no_worker_behind(tmp_path, kind):
+    before = shared_memory()
+    proc, workers, everyone = _start(tmp_path, kind)
     assert len(workers) == 2
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    deadline = time.monotonic() + 60
-    while any(_alive(p) for p in everyone) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [_cmdline(p) for p in everyone if _alive(p)], "processes left behind"
+    assert wait_gone(everyone) == [], "processes left behind"
+    assert leaked_shared_memory(before) == []

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from fnrl import algos
 from fnrl.run.checkpoint import config_from_json
 from fnrl.run.stop import StopRequest
 from fnrl.train import load_checkpoint, train
+from tests.processes import descendants, leaked_shared_memory, shared_memory, wait_gone
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = dict(total_steps=24_576, num_envs=4, num_steps=32, update_epochs=1, num_minibatches=1)
@@ -86,3 +88,45 @@ def test_a_resumed_run_drops_the_rows_logged_after_its_checkpoint(tmp_path):
     resumed.close()
     assert _csv_steps(tmp_path) == [100.0, 200.0, 300.0]
     assert (tmp_path / "progress.csv").read_text().splitlines()[1] == "100,10.0"
+
+
+# ------------------------------------------------------- a signal to the whole process group
+GROUP_RUNS = {
+    "parallel": ["ppo", "--sampler", "parallel", "--sampler-workers", "2", "--num-envs", "4", "--num-steps", "32"],
+    "async": ["dqn", "--sampler", "async", "--learning-starts", "1000", "--replay-ratio", "0.02", "--batch-size", "32"],
+    "impala": ["impala"],
+    "nproc": ["ppo", "--nproc", "2", "--num-envs", "4", "--num-steps", "32"],
+}
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
+@pytest.mark.parametrize("run_kind", list(GROUP_RUNS))
+def test_a_sigterm_to_the_process_group_checkpoints_the_run_and_leaves_nothing_behind(tmp_path, run_kind):
+    """A scheduler's stop (SIGTERM to every process of the job, e.g. SLURM's scancel) reaches the
+    workers too: they leave it to the run, which writes its checkpoint at the step it stopped at,
+    exits 143 with one line, and leaves no process and no shared memory behind."""
+    run, before = tmp_path / "run", shared_memory()
+    cmd = [sys.executable, "-m", "fnrl", "train", *GROUP_RUNS[run_kind], "--total-steps", "5000000", "--no-compile",
+           "--quiet", "--log-dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run / "progress.csv").exists() and len(_csv_steps(run)) >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.3)
+        everyone = descendants(proc.pid)
+        assert everyone, "the run has no worker processes"
+        os.killpg(proc.pid, signal.SIGTERM)
+        err = proc.communicate(timeout=180)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.startswith("fnrl:")]
+    assert proc.returncode == 128 + signal.SIGTERM and len(lines) == 1, err[-3000:]
+    ckpt = load_checkpoint(run)
+    stopped_at = ckpt["counters"]["env_steps"] * (ckpt.get("world_size") or 1)   # all ranks' steps
+    assert f"stopped by SIGTERM at env step {stopped_at};" in lines[0], err[-3000:]
+    assert stopped_at >= _csv_steps(run)[0]
+    assert wait_gone(everyone) == []
+    assert leaked_shared_memory(before) == []

@@ -100,6 +100,10 @@ class World:
         """Element-wise sum of a list of floats over the ranks."""
         return list(values)
 
+    def max(self, values: list[float]) -> list[float]:
+        """Element-wise maximum of a list of floats over the ranks."""
+        return list(values)
+
     def gather(self, values: list[float]) -> list[float]:
         """Every rank's list of floats (of any length), joined in rank order, on every rank."""
         return list(values)
@@ -189,6 +193,11 @@ class ProcessGroupWorld(World):
     def sum(self, values: list[float]) -> list[float]:
         x = torch.tensor(values, dtype=torch.float64, device=self._tensor_device)
         dist.all_reduce(x)
+        return x.tolist()
+
+    def max(self, values: list[float]) -> list[float]:
+        x = torch.tensor(values, dtype=torch.float64, device=self._tensor_device)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
         return x.tolist()
 
     def gather(self, values: list[float]) -> list[float]:

@@ -6,8 +6,12 @@ spawns N workers, each calling `fnrl.train.train` as one rank. They meet private
 group's rendezvous is a `FileStore` in a temporary folder only this user can read (mode 0700),
 and gloo's connections between the ranks use the loopback interface, so the run listens on no
 network interface (torchrun's TCP rendezvous is for multi-node runs, on a trusted network).
-The parent stops every worker when one fails or when it is interrupted (Ctrl-C, SIGTERM); each
-worker also asks the kernel for SIGTERM if the parent dies (Linux), so none is orphaned.
+Stopping: the workers run in a process group of their own, and the parent forwards the first
+SIGINT or SIGTERM it receives (Ctrl-C, a scheduler's stop) to each of them once. The ranks agree
+on the stop at the next iteration boundary, rank 0 writes the checkpoint, and the command ends
+with the stop's one line (exit code 128 + the signal), as a single-process run does. A second
+signal acts at once. The parent stops every worker when one fails; each worker also asks the
+kernel for SIGTERM if the parent dies (Linux), so none is orphaned.
 
 Errors a run raises on purpose (ConfigError, TrainingError after a NaN) happen on every
 rank at once (fnrl.train agrees on them) and come back to the parent as the same
@@ -26,6 +30,7 @@ import torch.distributed as dist
 from fnrl.distributed.data_parallel import STORE_VAR
 from fnrl.errors import ConfigError
 from fnrl.run.health import TrainingError
+from fnrl.run.stop import RunStopped, StopRequest
 
 
 def _preflight(name: str, config, log_dir, resume, device: str, seed: int, nproc: int):
@@ -81,27 +86,38 @@ def train_processes(train, nproc: int, name: str, config=None, **kwargs):
         procs = [ctx.Process(target=_rank_main, args=(rank, nproc, os.path.join(private, "store"), results, train,
                                                       name, config, kwargs), daemon=False) for rank in range(nproc)]
         try:
-            for proc in procs:
-                proc.start()
-            kind, payload = _wait(procs, results)
+            with StopRequest() as stop:
+                for proc in procs:
+                    proc.start()
+                kind, payload = _wait(procs, results, stop)
         finally:
             _stop(procs)
             results.close()
     if kind == "ok":
         return payload
+    if kind == "stopped":
+        raise RunStopped(*payload)
     raise (ConfigError if kind == "config" else TrainingError)(payload)
 
 
-def _wait(procs, results, poll: float = 0.2):
-    """Rank 0's (kind, payload) once every rank has exited cleanly; RuntimeError naming the first
-    rank that failed (the others are then stopped)."""
-    outcome = None
+def _wait(procs, results, stop: StopRequest, poll: float = 0.2):
+    """Rank 0's (kind, payload) once every rank has exited cleanly, forwarding a stop signal to
+    the ranks once; RuntimeError naming the first rank that failed (the others are then
+    stopped), or KeyboardInterrupt when a rank died of the forwarded signal (before its loop)."""
+    outcome, forwarded = None, False
     while True:
         try:
             outcome = results.get(timeout=poll)
         except queue.Empty:
             pass
+        if stop.requested and not forwarded:
+            forwarded = True
+            for proc in procs:
+                if proc.is_alive():
+                    os.kill(proc.pid, stop.signum)
         failed = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if failed and forwarded:
+            raise KeyboardInterrupt
         if failed:
             rank, code = failed[0]
             raise RuntimeError(f"rank {rank} of the {len(procs)}-process run failed (exit code {code}); "
@@ -127,6 +143,7 @@ def _stop(procs, grace: float = 10.0) -> None:
 
 def _rank_main(rank: int, world_size: int, store: str, results, train, name: str, config, kwargs: dict):
     """A spawned worker: join the private rendezvous as `rank`, train, and (rank 0) hand back the result."""
+    os.setpgid(0, 0)   # signals to the command's process group reach the parent only, which forwards them
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world_size), STORE_VAR: store, "GLOO_SOCKET_IFNAME": LOOPBACK})
     outcome = _rank_train(train, name, config, kwargs)
@@ -146,6 +163,8 @@ def _rank_train(train, name: str, config, kwargs: dict):
         return "config", str(e)
     except TrainingError as e:
         return "training", str(e)
+    except RunStopped as e:   # every rank stopped at the same step; rank 0 wrote the checkpoint
+        return "stopped", (str(e), e.signum)
 
 
 def _die_with_parent() -> None:

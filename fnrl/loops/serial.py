@@ -73,7 +73,7 @@ def train_serial(plan, world) -> TrainResult:
     skips_guards = (plan.compile and plan.accel.skip_guards and not (rows and plan.off_policy)
                     and not plan.sequence_replay)
     steady = compiled.HeldStance()
-    with StopRequest(enabled=world.size == 1) as stop:
+    with StopRequest() as stop:
         try:
             while counters["env_steps"] < config.total_steps:
                 steady.hold(skips_guards and updates_here >= 2)
@@ -100,15 +100,16 @@ def train_serial(plan, world) -> TrainResult:
                     solved = progress.close_interval(counters, plan.stop_return)
                     evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
                     progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars))
-                if solved or done or save.due(counters["env_steps"]) or stop.requested:
+                stopping = _stop_agreed(stop, world)
+                if solved or done or save.due(counters["env_steps"]) or stopping:
                     steady.release()
                     save.passed(counters["env_steps"])
                     check_finite()
                     checkpoint()
                 if solved:
                     break
-                if stop.requested:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
-                    raise stop.stopped(run_dir, counters["env_steps"])
+                if stopping:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
+                    raise stop.stopped(run_dir, counters["env_steps"] * world.size, signum=stopping)
         except SamplerError as e:   # a parallel worker died or failed
             raise stopped_by(e, counters["env_steps"], last_checkpoint) from None
         finally:
@@ -122,6 +123,14 @@ def train_serial(plan, world) -> TrainResult:
         progress.logger.plot(title=_title(plan))
     return TrainResult(state=state, return_mean=mean_of_rows(progress.stats.means()), history=progress.logger.rows,
                        log_dir=run_dir, eval_returns=evaluation.returns if evaluation is not None else None)
+
+
+def _stop_agreed(stop: StopRequest, world) -> int:
+    """The signal that stops the run at this iteration, 0 for none: one that reached this process
+    or, with several ranks, any rank (one all-reduce), so that every rank stops at the same step."""
+    if world.size == 1:
+        return stop.signum or 0
+    return int(world.max([float(stop.signum or 0)])[0])
 
 
 def _metric_rows(plan, metrics, scalars: dict) -> list[dict]:

@@ -11,6 +11,11 @@ preempted job resumes from where it stopped.
 
 The first signal is only noted (the iteration in flight finishes: its state stays consistent);
 a second one acts at once, as it would without this (Ctrl-C twice: a KeyboardInterrupt now).
+
+A run's worker processes (sampler workers, IMPALA's actors, `--nproc` ranks' helpers) call
+`leave_signals_to_parent()`: Ctrl-C and a scheduler's SIGTERM reach the whole process group,
+and a worker killed by them would take the run down before its checkpoint. The parent stops its
+workers itself (their stop flag or pipe), and each also exits when its parent is gone.
 """
 from __future__ import annotations
 
@@ -18,6 +23,12 @@ import signal
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def leave_signals_to_parent() -> None:
+    """In a worker process: ignore SIGINT and SIGTERM, which the parent handles (module docstring)."""
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 class RunStopped(KeyboardInterrupt):
@@ -70,7 +81,10 @@ class StopRequest:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def stopped(self, run_dir, env_steps: int) -> RunStopped:
-        name = signal.Signals(self.signum).name
+    def stopped(self, run_dir, env_steps: int, signum: int | None = None) -> RunStopped:
+        """The RunStopped to raise once the checkpoint at `env_steps` is written; `signum`: the
+        signal the ranks agreed on (default: the one this process received)."""
+        signum = signum or self.signum
+        name = signal.Signals(signum).name
         return RunStopped(f"stopped by {name} at env step {env_steps}; its checkpoint is written: continue "
-                          f"with --resume {run_dir}", self.signum)
+                          f"with --resume {run_dir}", signum)

@@ -22,8 +22,8 @@ env steps' worth of updates (rlpyt's max-lag idea), so the acting policy stays r
 Shutdown. Every wait has a timeout: waits poll shared counters (no multiprocessing
 Event or Condition, whose internal lock a killed process could leave taken) and every
 shared lock is a `TimedLock`, which gives up after a timeout and, while it waits, checks
-whether the other process is still alive. The sampler ignores SIGINT (Ctrl-C reaches the
-main process, which stops it) and stops by itself when the shared stop flag is set or
+whether the other process is still alive. The sampler ignores SIGINT and SIGTERM (Ctrl-C and a
+scheduler's SIGTERM reach the main process, which checkpoints and stops it) and stops by itself when the shared stop flag is set or
 its parent process is gone (checked every collect and every wait), so no child outlives
 the run. An exception in the sampler is written, one line, into a shared buffer and the
 process exits with code 1; the main process checks `exitcode` every loop and raises
@@ -55,6 +55,7 @@ from tensordict import TensorDict
 
 from fnrl import rng
 from fnrl.errors import SamplerError
+from fnrl.run.stop import leave_signals_to_parent
 from fnrl.samplers.serial import SerialSampler
 
 __all__ = ["AsyncSampler", "SamplerError", "SharedParams", "Throttle", "TimedLock", "start_method"]
@@ -321,7 +322,7 @@ def _set_process_name(name: bytes) -> None:
 
 
 def _sampler_main(job, replay, params, throttle, ints, floats, error, stats_lock, parent_pid):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the main process's to handle
+    leave_signals_to_parent()   # Ctrl-C / SIGTERM: the learner stops this process after its checkpoint
     _set_process_name(PROCESS_NAME)
     env = None
 

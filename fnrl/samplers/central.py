@@ -30,8 +30,8 @@ Recurrent policies: the carry lives with the inference server, per actor and env
 reset from the actor's `reset` flags exactly as the serial sampler does.
 
 Shutdown: `close()` (also on any exception or Ctrl-C in the learner) sets a stop flag,
-joins every actor with a timeout and kills stragglers. Actors ignore SIGINT (the learner
-stops them), check the stop flag and their parent at every wait, and exit when the
+joins every actor with a timeout and kills stragglers. Actors ignore SIGINT and SIGTERM
+(the learner checkpoints and stops them), check the stop flag and their parent at every wait, and exit when the
 learner is gone. An actor that dies makes the learner's next wait raise `ActorError`
 with one line naming the actor and its exit code.
 """
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import threading
 import time
 import traceback
@@ -51,6 +50,7 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from fnrl import rng
+from fnrl.run.stop import leave_signals_to_parent
 
 _STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
               "episode_length")
@@ -342,7 +342,7 @@ def _flat_reply(action, extras, N: int) -> dict:
 
 def _actor_main(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
                 parent_pid) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops the actors on Ctrl-C
+    leave_signals_to_parent()   # Ctrl-C / SIGTERM: the learner stops this process after its checkpoint
     torch.set_num_threads(1)
     try:
         _actor_loop(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,

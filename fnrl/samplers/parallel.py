@@ -21,7 +21,7 @@ policy gives exactly the serial sampler's rollout.
 
 Shutdown: `close()` (also run at interpreter exit and when the sampler is garbage
 collected) asks each worker to stop, then terminates and kills what remains. Workers
-are daemons, ignore Ctrl-C (the learner stops them), and exit when the learner dies
+are daemons, ignore SIGINT and SIGTERM (the learner checkpoints and stops them), and exit when the learner dies
 (their pipe closes or the learner's pid is gone). Every wait has a timeout; a worker
 that dies or fails makes `collect` raise `SamplerError` at once, naming the worker, and
 closes the sampler.
@@ -29,7 +29,6 @@ closes the sampler.
 from __future__ import annotations
 
 import os
-import signal
 import time
 import traceback
 import weakref
@@ -42,6 +41,7 @@ from tensordict import TensorDict
 
 from fnrl.envs.batched import BatchedEnv
 from fnrl.errors import ConfigError, SamplerError
+from fnrl.run.stop import leave_signals_to_parent
 from fnrl.samplers.lane import Lane, RolloutBuffer
 
 
@@ -225,7 +225,7 @@ def _alive(pid: int) -> bool:
 
 
 def _worker(conn, factory, num_envs, seeds, columns, policy, spec, horizon, torch_seed, learner_pid) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C: the learner shuts the workers down
+    leave_signals_to_parent()   # Ctrl-C / SIGTERM: the learner stops this process after its checkpoint
     torch.set_num_threads(1)
     torch.manual_seed(torch_seed)
     env = None
