@@ -310,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         from fnrl.run.stop import RunStopped
 
-        if isinstance(e, RunStopped):   # the serial loop stopped at a boundary and wrote its checkpoint
-            print(f"fnrl: {e}", file=sys.stderr)
+        if isinstance(e, RunStopped):   # the loop stopped at a boundary and wrote its checkpoint
+            if _rank() == 0:   # under torchrun every rank stops at the same step: say it once
+                print(f"fnrl: {e}", file=sys.stderr)
             return 128 + e.signum
         print("fnrl: interrupted; the last checkpoint is intact", file=sys.stderr)
         return 130

@@ -25,6 +25,7 @@ from fnrl.replay.sum_tree import sum_tree_levels
 from fnrl.samplers.async_ import (PROCESS_NAME, AsyncSampler, SamplerError, SharedParams, Throttle,
                                   start_method)
 from fnrl.train import load_checkpoint, train
+from tests.processes import alive as _alive, children as _children, comm as _comm
 from tests.learning import final_evaluations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,38 +33,6 @@ STARTUP_S = 300.0   # a loaded machine can take minutes to import torch in a fre
 
 
 # ---------------------------------------------------------------- process hygiene helpers
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except FileNotFoundError:
-        return ""
-
-
 def _wait_until(predicate, timeout: float, what: str, poll: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -48,6 +48,7 @@ def _cases(tmp_path):
     return [
         (["train", "nope"], "unknown algorithm 'nope'", []),
         (["train", "ppo", "--env", "CartPol-v1"], "unknown env id", []),
+        (["train", "ppo", "--env", "no_such_module:Env-v0"], "cannot import module 'no_such_module'", []),
         (["train", "ppo", "--num-minibatches", "3"], "does not divide", []),
         (["train", "ppo", "--learning-rat", "1e-3"], "unrecognized arguments", []),
         (["train", "ppo", "--log-dir", "/nonexistent-parent/run"], "log dir parent", []),

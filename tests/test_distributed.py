@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from fnrl.algos import a2c, dqn, ppo
 from fnrl.cli import main
 from fnrl.envs.spec import EnvSpec
+from tests.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 T, B, WORLD = 8, 4, 2       # per-rank rollout [T, B]; the reference update sees [T, WORLD * B]
@@ -218,16 +219,6 @@ def test_cli_nproc_2_solves_cartpole_and_only_rank_0_writes(tmp_path):
     assert ckpt["world_size"] == 2 and 2 * ckpt["counters"]["env_steps"] == steps[-1]
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
-            kids = [int(k) for k in task.read_text().split()]
-            out += kids
-            todo += kids
-    return out
-
-
 def _listening(pids) -> list[str]:
     """The local addresses (hex, as /proc/net/tcp* write them) of the TCP sockets in LISTEN state
     that processes `pids` hold."""
@@ -272,7 +263,7 @@ with a checkpoint."""
         while not (progress.exists() and len(progress.read_text().splitlines()) > 1):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
             time.sleep(0.5)
-        workers = _descendants(proc.pid)
+        workers = descendants(proc.pid)
         assert len(workers) >= 2
         listening = _listening([proc.pid, *workers])
         assert all(_loopback(a) for a in listening), listening

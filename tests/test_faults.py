@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.processes import children, cmdline, descendants, leaked_shared_memory, shared_memory, wait_gone
+from tests.processes import children, cmdline, comm, descendants, leaked_shared_memory, shared_memory, wait_gone
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUNS = {
@@ -35,7 +35,7 @@ def _workers(kind: str, pid: int) -> list[int]:
         return [w for s in children(pid) if "forkserver" in cmdline(s) for w in children(s)]
     kids = [k for k in children(pid) if not any(h in cmdline(k) for h in ("resource_tracker", "forkserver"))]
     if kind == "async":
-        return [k for k in kids if pathlib.Path(f"/proc/{k}/comm").read_text().strip() == "fnrl-sampler"]
+        return [k for k in kids if comm(k) == "fnrl-sampler"]
     return kids
 
 

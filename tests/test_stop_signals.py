@@ -9,6 +9,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 
 from fnrl import algos
 from fnrl.run.checkpoint import config_from_json
-from fnrl.run.stop import StopRequest
+from fnrl.run.stop import StopRequest, signals_blocked
 from fnrl.train import load_checkpoint, train
 from tests.processes import descendants, leaked_shared_memory, shared_memory, wait_gone
 
@@ -73,6 +74,26 @@ def test_the_first_signal_is_deferred_and_the_second_acts_at_once():
     assert signal.getsignal(signal.SIGINT) is before
     with StopRequest(enabled=False) as off:
         assert signal.getsignal(signal.SIGINT) is before and not off.requested
+
+
+def test_a_rank_notes_a_second_signal_instead_of_acting_on_it():
+    """A rank of a multi-process run may get one stop twice (from the scheduler and forwarded by
+    its launcher); it keeps the first and still reaches its checkpoint."""
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest(escalate=False) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_while_blocked_is_delivered_when_the_block_ends():
+    with StopRequest() as stop:
+        with signals_blocked():   # blocked in this thread: send it to this thread, not the process
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+            assert not stop.requested
+        assert stop.signum == signal.SIGTERM
 
 
 def test_a_resumed_run_drops_the_rows_logged_after_its_checkpoint(tmp_path):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import signal
 import tempfile
 import time
 
@@ -103,7 +104,7 @@ def train_processes(train, nproc: int, name: str, config=None, **kwargs):
 def _wait(procs, results, stop: StopRequest, poll: float = 0.2):
     """Rank 0's (kind, payload) once every rank has exited cleanly, forwarding a stop signal to
     the ranks once; RuntimeError naming the first rank that failed (the others are then
-    stopped), or KeyboardInterrupt when a rank died of the forwarded signal (before its loop)."""
+    stopped), or RunStopped when a rank died of the forwarded signal (before its loop)."""
     outcome, forwarded = None, False
     while True:
         try:
@@ -116,8 +117,10 @@ def _wait(procs, results, stop: StopRequest, poll: float = 0.2):
                 if proc.is_alive():
                     os.kill(proc.pid, stop.signum)
         failed = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode not in (None, 0)]
-        if failed and forwarded:
-            raise KeyboardInterrupt
+        if failed and forwarded:   # e.g. a rank still starting, not yet in a group of its own
+            name = signal.Signals(stop.signum).name
+            raise RunStopped(f"stopped by {name}; rank {failed[0][0]} ended before the stop's checkpoint (an "
+                             f"earlier checkpoint, if any, is intact)", stop.signum)
         if failed:
             rank, code = failed[0]
             raise RuntimeError(f"rank {rank} of the {len(procs)}-process run failed (exit code {code}); "
@@ -168,10 +171,10 @@ def _rank_train(train, name: str, config, kwargs: dict):
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGTERM this process when its parent (the launcher) dies, even by SIGKILL."""
+    """Linux: SIGTERM this process when its parent (the launcher) dies, even by SIGKILL: the ranks
+    stop at their next iteration with a checkpoint."""
     try:
         import ctypes
-        import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

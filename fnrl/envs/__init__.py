@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib
 import os
 import warnings
 from functools import lru_cache
@@ -111,9 +112,28 @@ def _base_id(env_id: str) -> str:
     return FNRL_ENVS[env_id][0] if env_id in FNRL_ENVS else env_id
 
 
+def registered_id(env_id: str) -> str:
+    """`env_id` with gymnasium's `module:Env-v0` form resolved: the module is imported (it registers
+    the env, as `gymnasium.make` does for that form) and the id after the colon returned; any other
+    id unchanged. A run keeps the whole string (its Config's `env_id`, in config.json), so every
+    process that rebuilds the env (sampler workers, evaluation, `--resume`, `fnrl launch`, `fnrl
+    eval`) imports the module too."""
+    if ":" not in env_id:
+        return env_id
+    module, name = env_id.split(":", 1)
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"--env {env_id}: cannot import module {module!r} ({e}); put it on PYTHONPATH "
+                          f"or install it") from None
+    return name
+
+
 def known(env_id: str) -> bool:
-    """Whether `make` can build `env_id`: an EnvPool task, a registered gymnasium env or an fnrl
-    variant of one (an env that only `fnrl.envs.functional` has is not)."""
+    """Whether `make` can build `env_id`: an EnvPool task, a registered gymnasium env (`module:Env-v0`
+    after importing the module) or an fnrl variant of one (an env that only
+    `fnrl.envs.functional` has is not)."""
+    env_id = registered_id(env_id)
     return envpool_task(env_id) or _base_id(env_id) in gym.registry
 
 
@@ -152,6 +172,8 @@ def make(env_id: str, num_envs: int = 1, seed: int | list[int] = 0, *, train: bo
          **kwargs) -> BatchedEnv:
     """Create `num_envs` copies of `env_id` stepped together.
 
+    env_id: an EnvPool task, a registered gymnasium id, or gymnasium's `module:Env-v0`, which
+        imports `module` first (where a user's env registers itself; `registered_id`).
     backend: "envpool" (C++ threads), "gymnasium" (any registered gymnasium id, e.g. a
         user's own env, stepped in this thread by `InProcessEnvs`), or "auto": EnvPool for
         every id it knows, except up to 4 classic-control envs, which are faster in-process
@@ -169,7 +191,7 @@ def make(env_id: str, num_envs: int = 1, seed: int | list[int] = 0, *, train: bo
     `env.factory(hi - lo, env.seeds[lo:hi])`.
     """
     seeds = env_seed_list(seed, num_envs)
-    env = _make(env_id, num_envs, seeds, train=train, backend=backend, **kwargs)
+    env = _make(registered_id(env_id), num_envs, seeds, train=train, backend=backend, **kwargs)
     env.factory, env.seeds = functools.partial(make, env_id, train=train, backend=backend, **kwargs), seeds
     return env
 

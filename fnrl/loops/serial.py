@@ -73,7 +73,7 @@ def train_serial(plan, world) -> TrainResult:
     skips_guards = (plan.compile and plan.accel.skip_guards and not (rows and plan.off_policy)
                     and not plan.sequence_replay)
     steady = compiled.HeldStance()
-    with StopRequest() as stop:
+    with StopRequest(escalate=world.size == 1) as stop:
         try:
             while counters["env_steps"] < config.total_steps:
                 steady.hold(skips_guards and updates_here >= 2)

@@ -20,7 +20,7 @@ from fnrl.run.checkpoint import CHECKPOINT
 
 def default_run_dir(name: str, config, seed: int) -> Path:
     """`runs/ALGO-ENV-sSEED-DATE-TIME`."""
-    env = config.env_id.replace("/", "_")
+    env = config.env_id.replace("/", "_").replace(":", "_")
     return Path("runs") / f"{name}-{env}-s{seed}-{datetime.now():%Y%m%d-%H%M%S}"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -29,6 +30,18 @@ def leave_signals_to_parent() -> None:
     """In a worker process: ignore SIGINT and SIGTERM, which the parent handles (module docstring)."""
     for s in SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+
+
+@contextmanager
+def signals_blocked():
+    """Block SIGINT and SIGTERM in this thread for the block: a helper process started inside it
+    (a forkserver, whose forks are the workers) inherits the blocked mask and outlives a signal to
+    the process group. A signal that arrives meanwhile is delivered here when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class RunStopped(KeyboardInterrupt):
@@ -43,10 +56,13 @@ class RunStopped(KeyboardInterrupt):
 class StopRequest:
     """Defers SIGINT / SIGTERM to the loop's next iteration boundary while open (module docstring).
     Not enabled (`enabled=False`, or off the main thread, where handlers cannot be set) it does
-    nothing and `requested` stays False."""
+    nothing and `requested` stays False. With `escalate=False` a second signal is noted too: a
+    rank of a multi-process run may get the same stop twice (from the scheduler and from its
+    launcher), and it must still reach the checkpoint; its launcher escalates instead."""
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, escalate: bool = True):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.escalate = escalate
         self.signum: int | None = None
         self._previous: dict = {}
 
@@ -55,8 +71,9 @@ class StopRequest:
         return self.signum is not None
 
     def _note(self, signum, frame) -> None:
-        self.signum = signum
-        self._restore()   # a second signal acts at once
+        self.signum = self.signum or signum
+        if self.escalate:
+            self._restore()   # a second signal acts at once
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

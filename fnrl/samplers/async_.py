@@ -28,8 +28,7 @@ its parent process is gone (checked every collect and every wait), so no child o
 the run. An exception in the sampler is written, one line, into a shared buffer and the
 process exits with code 1; the main process checks `exitcode` every loop and raises
 `SamplerError` with that line, the exit code or the signal that killed it.
-`AsyncSampler.stop()` sets the stop flag, joins with a timeout, then terminates and
-finally kills.
+`AsyncSampler.stop()` sets the stop flag, joins with a timeout, then kills.
 
 Start method: `start_method` gives "fork" on Linux for a CPU sampler (an instant start: the
 child does not import torch again) and "spawn" when the sampler runs on CUDA or CUDA is
@@ -293,15 +292,12 @@ class AsyncSampler:
             time.sleep(_SPIN_S)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the child: stop flag, join(timeout), terminate, kill. Never raises, never hangs."""
+        """Stop the child: stop flag, join(timeout), kill (it ignores SIGTERM). Never raises, never hangs."""
         self.ints[O_STOP] = 1
         p = self.process
         if p is None:
             return
         p.join(timeout)
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout)
         if p.is_alive():
             p.kill()
             p.join(timeout)

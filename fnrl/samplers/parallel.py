@@ -32,6 +32,7 @@ import os
 import time
 import traceback
 import weakref
+from multiprocessing import forkserver
 from multiprocessing.connection import wait
 from typing import Callable
 
@@ -41,7 +42,7 @@ from tensordict import TensorDict
 
 from fnrl.envs.batched import BatchedEnv
 from fnrl.errors import ConfigError, SamplerError
-from fnrl.run.stop import leave_signals_to_parent
+from fnrl.run.stop import leave_signals_to_parent, signals_blocked
 from fnrl.samplers.lane import Lane, RolloutBuffer
 
 
@@ -87,6 +88,8 @@ class ParallelSampler:
         ctx = mp.get_context(start_method)
         if start_method == "forkserver":   # the server imports these once; each worker is a fork of it
             ctx.set_forkserver_preload(["torch", "envpool", "fnrl.algos", "fnrl.envs", "fnrl.samplers.parallel"])
+            with signals_blocked():   # the workers' parent must outlive a SIGTERM to the process group
+                forkserver.ensure_running()
         n, base_seed = B // W, int(torch.randint(2**31 - 1, ()))
         self._conns, self._procs = [], []
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
@@ -202,10 +205,7 @@ def _shutdown(procs, conns) -> None:
             pass
     for proc in procs:
         proc.join(2.0)
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
+    for proc in procs:   # a worker ignores SIGTERM: one still running is killed
         if proc.is_alive():
             proc.kill()
             proc.join(2.0)
