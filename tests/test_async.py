@@ -25,8 +25,8 @@ from fnrl.replay.sum_tree import sum_tree_levels
 from fnrl.samplers.async_ import (PROCESS_NAME, AsyncSampler, SamplerError, SharedParams, Throttle,
                                   start_method)
 from fnrl.train import load_checkpoint, train
-from tests.processes import alive as _alive, children as _children, comm as _comm
 from tests.learning import final_evaluations
+from tests.processes import alive as _alive, children as _children, comm as _comm
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 300.0   # a loaded machine can take minutes to import torch in a fresh interpreter

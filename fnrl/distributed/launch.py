@@ -9,9 +9,11 @@ network interface (torchrun's TCP rendezvous is for multi-node runs, on a truste
 Stopping: the workers run in a process group of their own, and the parent forwards the first
 SIGINT or SIGTERM it receives (Ctrl-C, a scheduler's stop) to each of them once. The ranks agree
 on the stop at the next iteration boundary, rank 0 writes the checkpoint, and the command ends
-with the stop's one line (exit code 128 + the signal), as a single-process run does. A second
-signal acts at once. The parent stops every worker when one fails; each worker also asks the
-kernel for SIGTERM if the parent dies (Linux), so none is orphaned.
+with the stop's one line (exit code 128 + the signal), as a single-process run does. A rank
+notes a repeated stop without acting on it (it may get one from the scheduler and one from
+the parent); a second signal to the parent ends the run: the parent then stops its ranks (SIGKILL
+after a grace period). The parent stops every worker when one fails; each worker also asks
+the kernel for SIGTERM if the parent dies (Linux), so none is orphaned.
 
 Errors a run raises on purpose (ConfigError, TrainingError after a NaN) happen on every
 rank at once (fnrl.train agrees on them) and come back to the parent as the same

@@ -12,10 +12,11 @@ preempted job resumes from where it stopped.
 The first signal is only noted (the iteration in flight finishes: its state stays consistent);
 a second one acts at once, as it would without this (Ctrl-C twice: a KeyboardInterrupt now).
 
-A run's worker processes (sampler workers, IMPALA's actors, `--nproc` ranks' helpers) call
+A run's worker processes (sampler workers, the async sampler, IMPALA's actors) call
 `leave_signals_to_parent()`: Ctrl-C and a scheduler's SIGTERM reach the whole process group,
 and a worker killed by them would take the run down before its checkpoint. The parent stops its
-workers itself (their stop flag or pipe), and each also exits when its parent is gone.
+workers itself (their stop flag or pipe), and each also exits when its parent is gone. A helper
+process that is the workers' parent (the forkserver) starts inside `signals_blocked()`.
 """
 from __future__ import annotations
 

@@ -22,12 +22,13 @@ env steps' worth of updates (rlpyt's max-lag idea), so the acting policy stays r
 Shutdown. Every wait has a timeout: waits poll shared counters (no multiprocessing
 Event or Condition, whose internal lock a killed process could leave taken) and every
 shared lock is a `TimedLock`, which gives up after a timeout and, while it waits, checks
-whether the other process is still alive. The sampler ignores SIGINT and SIGTERM (Ctrl-C and a
-scheduler's SIGTERM reach the main process, which checkpoints and stops it) and stops by itself when the shared stop flag is set or
-its parent process is gone (checked every collect and every wait), so no child outlives
-the run. An exception in the sampler is written, one line, into a shared buffer and the
-process exits with code 1; the main process checks `exitcode` every loop and raises
-`SamplerError` with that line, the exit code or the signal that killed it.
+whether the other process is still alive. The sampler ignores SIGINT and SIGTERM (Ctrl-C
+and a scheduler's SIGTERM reach the main process, which checkpoints and stops it) and stops
+by itself when the shared stop flag is set or its parent process is gone (checked every
+collect and every wait), so no child outlives the run. An exception in the sampler is written,
+one line, into a shared buffer and the process exits with code 1; the main process checks
+`exitcode` every loop and raises `SamplerError` with that line, the exit code or the signal
+that killed it.
 `AsyncSampler.stop()` sets the stop flag, joins with a timeout, then kills.
 
 Start method: `start_method` gives "fork" on Linux for a CPU sampler (an instant start: the

@@ -31,8 +31,8 @@ reset from the actor's `reset` flags exactly as the serial sampler does.
 
 Shutdown: `close()` (also on any exception or Ctrl-C in the learner) sets a stop flag,
 joins every actor with a timeout and kills stragglers. Actors ignore SIGINT and SIGTERM
-(the learner checkpoints and stops them), check the stop flag and their parent at every wait, and exit when the
-learner is gone. An actor that dies makes the learner's next wait raise `ActorError`
+(the learner checkpoints and stops them), check the stop flag and their parent at every wait,
+and exit when the learner is gone. An actor that dies makes the learner's next wait raise `ActorError`
 with one line naming the actor and its exit code.
 """
 from __future__ import annotations

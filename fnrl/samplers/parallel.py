@@ -20,11 +20,11 @@ built with the seeds they have in one pool of B (`env.factory`), so a determinis
 policy gives exactly the serial sampler's rollout.
 
 Shutdown: `close()` (also run at interpreter exit and when the sampler is garbage
-collected) asks each worker to stop, then terminates and kills what remains. Workers
-are daemons, ignore SIGINT and SIGTERM (the learner checkpoints and stops them), and exit when the learner dies
-(their pipe closes or the learner's pid is gone). Every wait has a timeout; a worker
-that dies or fails makes `collect` raise `SamplerError` at once, naming the worker, and
-closes the sampler.
+collected) asks each worker to stop, then kills what remains. Workers are daemons, ignore
+SIGINT and SIGTERM (the learner checkpoints and stops them; their forkserver starts with both
+blocked), and exit when the learner dies (their pipe closes or the learner's pid is gone).
+Every wait has a timeout; a worker that dies or fails makes `collect` raise `SamplerError` at
+once, naming the worker, and closes the sampler.
 """
 from __future__ import annotations
 
