@@ -6,7 +6,7 @@
                     [--sampler serial|alternating|parallel|graph|async [--sampler-workers W]] [--nproc N]
                     [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT|POLICY [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
-    fnrl export RUN [--out FILE]
+    fnrl export RUN [--format policy|pt2|onnx] [--out FILE] [--row K]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
     fnrl bench [--quick] [--only KEY,...] [--threads N] [--device cpu|cuda]   (from a source checkout)
@@ -56,6 +56,9 @@ def _add_config_fields(parser: argparse.ArgumentParser, config) -> None:
         if kind is bool:
             parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=given_only,
                                 help=help_text)
+        elif kind is dict:
+            parser.add_argument(*names, dest=f.name, type=_json_object, default=given_only, help=help_text,
+                                metavar="JSON")
         elif typing.get_origin(kind) is tuple:
             inner = typing.get_args(kind)[0]
             parser.add_argument(*names, dest=f.name, type=inner, nargs="+", default=given_only, help=help_text,
@@ -64,6 +67,21 @@ def _add_config_fields(parser: argparse.ArgumentParser, config) -> None:
             base = [a for a in typing.get_args(kind) if a is not type(None)]
             parser.add_argument(*names, dest=f.name, type=base[0] if base else kind, default=given_only,
                                 help=help_text, metavar=f.name.upper())
+
+
+def _json_object(text: str) -> dict:
+    """A JSON object given on the command line (e.g. `--env-kwargs '{"max_episode_steps": 200}'`)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({e.msg}); give an object such as "
+                                         "'{\"max_episode_steps\": 200}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object; give one such as "
+                                         "'{\"max_episode_steps\": 200}'")
+    return value
 
 
 def _field_docs(cls) -> dict:
@@ -265,14 +283,23 @@ def _bench(argv: list[str]) -> int:
 
 
 def _export(argv: list[str]) -> int:
-    parser = _OneLineParser(prog="fnrl export", description="Write a trained agent's policy file (what acting "
-                            "needs: parameters and normalizers, config as JSON), for `fnrl eval` or sharing.")
+    from fnrl.export import FORMATS
+
+    parser = _OneLineParser(prog="fnrl export", description="Write a trained agent's policy: fnrl's policy file "
+                            "(what acting needs, for `fnrl eval` or sharing), or the deterministic policy as a "
+                            "program that runs without fnrl (torch.export's pt2, or ONNX).")
     parser.add_argument("run", help="the run folder, or its checkpoint.pt")
-    parser.add_argument("--out", default=None, metavar="FILE", help="where to write it (default: RUN/policy.pt)")
+    parser.add_argument("--format", default="policy", choices=list(FORMATS),
+                        help="policy: fnrl's policy file; pt2: torch.export.load(FILE).module()(obs) -> action; "
+                             "onnx: the same program for onnxruntime (default: policy)")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="where to write it (default: RUN/policy.pt, .pt2 or .onnx)")
+    parser.add_argument("--row", type=int, default=None, metavar="K",
+                        help="pt2 / onnx of a vmapped run (--num-seeds / --sweep): the row to export")
     args = parser.parse_args(argv)
     from fnrl.export import export_policy
 
-    print(f"policy written to {export_policy(args.run, args.out)}")
+    print(f"policy written to {export_policy(args.run, args.out, format=args.format, row=args.row)}")
     return 0
 
 

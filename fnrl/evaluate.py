@@ -49,7 +49,7 @@ class Evaluator:
         self.num_envs = num_envs or (len(seed) if isinstance(seed, list) else min(episodes, 8))
         self.device = torch.device(device)
         self.record, self.record_episodes = record, record_episodes
-        kwargs = {"render_mode": "rgb_array"} if record is not None else {}
+        kwargs = {**config.env_kwargs, **({"render_mode": "rgb_array"} if record is not None else {})}
         try:
             self.env = envs.make(config.env_id, self.num_envs, seed=seed, train=False, **kwargs)
         except (TypeError, ValueError, RuntimeError) as e:  # an env that takes no render_mode
@@ -176,7 +176,7 @@ class RunEvaluation:
             evaluator.close()
 
 
-def _load(path, row: int | None = None):
+def load_run(path, row: int | None = None):
     """(algo, config, state) of a checkpoint or a policy file (`fnrl export`); for a vmapped run
     (--num-seeds / --sweep), of its row `row` (required when it has several)."""
     ckpt = load_checkpoint(path, policy=True)
@@ -203,14 +203,14 @@ def evaluate_checkpoint(path, episodes: int = 10, seed: int = 10_000, record_vid
         of its first `record_episodes` episodes, at `fps` frames per second.
     """
     if record_video is None:
-        name, config, state = _load(path, row)
+        name, config, state = load_run(path, row)
         return name, evaluate_state(name, config, state, episodes, seed)
     from fnrl.video import VideoWriter, check_video_path
 
     check_video_path(record_video)
     if record_episodes < 1:
         raise ConfigError(f"--record-episodes must be at least 1, got {record_episodes}")
-    name, config, state = _load(path, row)
+    name, config, state = load_run(path, row)
     with VideoWriter(record_video, fps=fps) as video:
         evaluator = Evaluator(name, config, episodes=episodes, seed=seed, record=video,
                               record_episodes=record_episodes)

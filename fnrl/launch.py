@@ -135,6 +135,8 @@ def _flags(name: str, value) -> list[str]:
         return [option if value else "--no-" + name.replace("_", "-")]
     if isinstance(value, (tuple, list)):
         return [option, *map(str, value)]
+    if isinstance(value, dict):   # --env-kwargs
+        return [option, json.dumps(value)]
     return [option, str(value)]
 
 

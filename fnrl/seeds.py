@@ -140,13 +140,13 @@ def env_seeds(rows: list[Row], num_envs: int) -> list[int]:
     return [s for row in rows for s in rng.env_seeds(row.seed, num_envs)]
 
 
-def make_env(env_id: str, rows: list[Row], num_envs: int):
+def make_env(env_id: str, rows: list[Row], num_envs: int, **kwargs):
     """The pool of len(rows) x num_envs envs, row r's in columns r*B .. (r+1)*B - 1: the envs
     of a single run seeded rows[r].seed (`env_seeds`), on the backend that single run's
     `fnrl.envs.make(env_id, num_envs)` picks (in-process for a few classic-control envs,
-    `fnrl.envs.steps_in_process`; EnvPool otherwise)."""
-    backend = "gymnasium" if envs.steps_in_process(env_id, num_envs, {}) else "auto"
-    return envs.make(env_id, len(rows) * num_envs, seed=env_seeds(rows, num_envs), backend=backend)
+    `fnrl.envs.steps_in_process`; EnvPool otherwise). kwargs: the env's constructor's (`fnrl.envs.make`)."""
+    backend = "gymnasium" if envs.steps_in_process(env_id, num_envs, kwargs) else "auto"
+    return envs.make(env_id, len(rows) * num_envs, seed=env_seeds(rows, num_envs), backend=backend, **kwargs)
 
 
 def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = True,

@@ -63,7 +63,7 @@ def _build_actor(name: str, config, seed: int):
     """Run in the sampler process: its own env (each env seeded from the run's seed, `fnrl.rng`),
     the policy's act and an initial state."""
     module = algos.load(name)
-    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
+    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs), **config.env_kwargs)
     env.poll = False   # the sampler shares the cores with the learner: EnvPool's recv sleeps at once
     agent = module.make(config, env.spec)
     return env, agent.act, agent.init(seed)
@@ -186,7 +186,7 @@ class _AsyncRun:
 def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeout: float) -> _AsyncRun:
     name, module, config, seed, ckpt = plan.name, plan.module, plan.config, plan.seed, plan.ckpt
     steps_per_collect = config.num_steps * config.num_envs
-    probe = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs))
+    probe = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs), **config.env_kwargs)
     spec = probe.spec
     agent = make_agent(module, config, spec, plan.compile, accel=plan.accel)
     state = agent.init(seed)

@@ -135,7 +135,7 @@ def _start(plan):
     sampler = CentralSampler(config.env_id, config.num_envs, config.num_actors, inference_act, state,
                              horizon=config.num_steps, obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype,
                              seed=seed, num_slots=config.queue_size, batch_wait_s=config.batch_wait_ms / 1000,
-                             device=plan.device)
+                             device=plan.device, env_kwargs=config.env_kwargs)
     sampler.set_state(state, counters["updates"])
     return update, state, counters, sampler, run_dir
 

@@ -207,7 +207,7 @@ def test_recurrent_server_keeps_each_envs_carry():
     state = agent.init(0)
     rnn = common.recurrent_actor_critic_policy(SPEC, "lstm", 8, cfg.hidden)
     with _sampler(impala.make(cfg, SPEC).act, state=state, batch_wait_s=0.002, num_slots=4) as sampler:
-        trajs = [sampler.get(1) for _ in range(8)]
+        trajs = [sampler.get(1) for _ in range(16)]   # ~40 steps per env: episodes end inside them
     resets = 0
     for traj in trajs:
         resets += int(traj["reset"][1:].sum())

@@ -31,6 +31,8 @@ def test_expand_names_axes_and_validates(tmp_path):
                 overrides={"total_steps": 1000, "learning_rate": [1e-3, 3e-4], "hidden": (32, 32)},
                 args=["--no-compile"], root=str(tmp_path))
     runs = expand(grid)
+    with_kwargs = expand(dict(grid, overrides={"env_kwargs": {"max_episode_steps": 200}}))
+    assert '--env-kwargs {"max_episode_steps": 200}' in " ".join(with_kwargs[0].argv)   # JSON, as the option takes
     assert len(runs) == 8
     assert runs[0].folder == tmp_path / "ppo-CartPole-v1-learning_rate0.001-s0"
     assert runs[0].argv[:7] == ["train", "ppo", "--seed", "0", "--log-dir", str(runs[0].folder), "--quiet"]

@@ -130,6 +130,7 @@ def test_check_module_names_what_an_algorithm_lacks():
 
 SCOPED_GLOBALS = {
     ("nets/core.py", "_VMAPPED_ROWS"),         # `vmapped_rows(R)`: a context manager around tracing
+    ("nets/core.py", "_PLAIN"),                # `plain_products()`: a context manager around tracing
     ("algos/common.py", "_gradient_reducer"),  # `reducing_gradients(reducer)`: a context manager
     ("replay/buffer.py", "_LAST_CHECKED"),     # caches: what was checked or compiled already
     ("replay/buffer.py", "_COMPILED_WRITE"),

@@ -47,3 +47,61 @@ def test_a_run_on_a_users_env_rebuilds_it_in_workers_evaluation_and_a_fresh_eval
     assert json.loads((tmp_path / "run" / "config.json").read_text())["config"]["env_id"] == USER_ENV
     evaluated = _fnrl("eval", "run", "--episodes", "2", cwd=tmp_path)
     assert evaluated.returncode == 0 and f"return mean {EPISODE_RETURN:.2f}" in evaluated.stdout, evaluated.stderr
+
+
+CORRIDOR = '''
+"""A user's package: an env that registers itself when `mypkg.envs` is imported."""
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """Walk a corridor of `length` cells, one cell per step whatever the action; reward 1 a step."""
+
+    def __init__(self, length: int = 10):
+        self.length = length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cell = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.cell += 1
+        return np.array([self.cell / self.length], np.float32), 1.0, self.cell == self.length, False, {}
+
+
+gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=100)
+'''
+
+
+def test_a_users_package_env_with_kwargs_trains_evaluates_and_resumes(tmp_path):
+    """The env's module, written here and never registered before, is found from the run's folder's
+    parent (the working directory); its kwargs travel in config.json to `fnrl eval` and the resume."""
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "envs.py").write_text(CORRIDOR)
+    common = ["--total-steps", "512", "--num-envs", "2", "--num-steps", "32", "--no-compile", "--quiet"]
+    train = _fnrl("train", "ppo", "--env", "mypkg.envs:Corridor-v0", "--env-kwargs", '{"length": 7}', *common,
+                  "--log-dir", "run", cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-2000:]
+    assert "final evaluation 7.00" in train.stdout   # the corridor of the kwargs, not the default 10
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert config["env_id"] == "mypkg.envs:Corridor-v0" and config["env_kwargs"] == {"length": 7}
+    evaluated = _fnrl("eval", "run", "--episodes", "2", cwd=tmp_path)
+    assert evaluated.returncode == 0 and "return mean 7.00" in evaluated.stdout, evaluated.stderr[-2000:]
+    resumed = _fnrl("train", "ppo", "--resume", "run", "--total-steps", "1024", "--quiet", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "1024 env steps" in resumed.stdout and "final evaluation 7.00" in resumed.stdout
+
+
+def test_env_kwargs_the_env_refuses_are_one_clear_error():
+    with pytest.raises(ConfigError, match="CartPole-v1 refused its env kwargs .*'no_such_kwarg'.*--env-kwargs"):
+        envs.make("CartPole-v1", 2, no_such_kwarg=1)
+    env = envs.make("CartPole-v1", 1, max_episode_steps=50)   # gymnasium's (and EnvPool's) own time limit
+    try:
+        assert env.spec.max_episode_steps == 50
+    finally:
+        env.close()

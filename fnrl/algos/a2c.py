@@ -13,7 +13,7 @@ initial state `rollout["carry"][0]` with the episode-start mask `rollout["reset"
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDict
@@ -40,7 +40,9 @@ class Config:
     """A2C settings (rlpyt's defaults: RMSprop 7e-4, 5-step rollouts; 16 envs here)."""
 
     env_id: str = "CartPole-v1"
-    """environment id (EnvPool task or registered gymnasium env)"""
+    """environment id (EnvPool task or registered gymnasium env, or gymnasium's module:Env-v0)"""
+    env_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the env's constructor (envpool.make / gymnasium.make), e.g. {"max_episode_steps": 200}"""
     total_steps: int = 300_000
     """total environment steps"""
     num_envs: int = 16

@@ -25,7 +25,7 @@ priorities) is shared. `update` is pure and compiles with `torch.compile(fullgra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import torch
@@ -58,7 +58,9 @@ class Config:
     and `experiments/dqn_atari.py` rlpyt's Atari settings."""
 
     env_id: str = "CartPole-v1"
-    """environment id (EnvPool task or registered gymnasium env)"""
+    """environment id (EnvPool task or registered gymnasium env, or gymnasium's module:Env-v0)"""
+    env_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the env's constructor (envpool.make / gymnasium.make), e.g. {"max_episode_steps": 200}"""
     total_steps: int = 100_000
     """total environment steps (all envs together)"""
     num_envs: int = 4

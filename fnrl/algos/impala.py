@@ -27,7 +27,7 @@ fnrl.samplers.central, wired by fnrl.train_central; this module holds only the m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDict
@@ -53,7 +53,9 @@ class Config:
     max_grad_norm 40, num_steps 20."""
 
     env_id: str = "CartPole-v1"
-    """environment id (EnvPool task or registered gymnasium env)"""
+    """environment id (EnvPool task or registered gymnasium env, or gymnasium's module:Env-v0)"""
+    env_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the env's constructor (envpool.make / gymnasium.make), e.g. {"max_episode_steps": 200}"""
     total_steps: int = 300_000
     """total environment steps consumed by the learner (all actors together)"""
     num_actors: int = 2

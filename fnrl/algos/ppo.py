@@ -28,7 +28,7 @@ CUDA graph.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -59,7 +59,9 @@ class Config:
     CartPole settings); `experiments/` holds CleanRL's Atari and MuJoCo settings."""
 
     env_id: str = "CartPole-v1"
-    """environment id (EnvPool task or registered gymnasium env)"""
+    """environment id (EnvPool task or registered gymnasium env, or gymnasium's module:Env-v0)"""
+    env_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the env's constructor (envpool.make / gymnasium.make), e.g. {"max_episode_steps": 200}"""
     total_steps: int = 100_000
     """total environment steps (all envs together)"""
     num_envs: int = 8

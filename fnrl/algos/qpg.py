@@ -34,7 +34,7 @@ the bootstrap discount (0 only on termination, never on truncation) come from th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -70,7 +70,9 @@ class Config:
     settings (256-256 networks, one update per env step)."""
 
     env_id: str = "Pendulum-v1"
-    """environment id (EnvPool task or registered gymnasium env)"""
+    """environment id (EnvPool task or registered gymnasium env, or gymnasium's module:Env-v0)"""
+    env_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the env's constructor (envpool.make / gymnasium.make), e.g. {"max_episode_steps": 200}"""
     total_steps: int = 20_000
     """total environment steps (all envs together)"""
     num_envs: int = 8

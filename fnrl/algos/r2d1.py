@@ -25,7 +25,7 @@ eta 0.9). The network sees the observation only (no previous action / reward inp
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import torch
@@ -54,7 +54,9 @@ class Config:
     Atari settings."""
 
     env_id: str = "CartPole-v1"
-    """environment id (EnvPool task or registered gymnasium env)"""
+    """environment id (EnvPool task or registered gymnasium env, or gymnasium's module:Env-v0)"""
+    env_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the env's constructor (envpool.make / gymnasium.make), e.g. {"max_episode_steps": 200}"""
     total_steps: int = 150_000
     """total environment steps (all envs together)"""
     num_envs: int = 8

@@ -57,7 +57,7 @@ def _preflight(name: str, config, log_dir, resume, device: str, seed: int, nproc
             raise ConfigError(f"--nproc {nproc} with --device cuda needs {nproc} GPUs; "
                               f"this machine has {torch.cuda.device_count()}")
     module.validate(run_config)
-    env = envs.make(run_config.env_id, 1, seed=seed)
+    env = envs.make(run_config.env_id, 1, seed=seed, **run_config.env_kwargs)
     try:
         module.validate(run_config, env.spec)
     finally:

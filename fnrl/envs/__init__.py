@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -225,18 +226,32 @@ def _make(env_id: str, num_envs: int, seed: list[int], *, train: bool, backend: 
         kwargs.setdefault("num_threads", envpool_threads(env_id))
         with warnings.catch_warnings():   # EnvPool builds its Box spaces from float64 bounds: gymnasium
             warnings.filterwarnings("ignore", message=".*precision lowered by casting", category=UserWarning)
-            raw = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
+            with _env_kwargs_checked(env_id, kwargs):
+                raw = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
             cfg = raw.spec.config
             spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=cfg.max_episode_steps,
                            is_atari=atari, **_space_spec(raw.observation_space, raw.action_space))
         return BatchedEnv(raw, spec, atari=atari)
     if backend != "envpool" and env_id in gym.registry:
-        raw = InProcessEnvs(env_id, num_envs, **kwargs)
-        single_env_spec = gym.spec(env_id)
-        spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=single_env_spec.max_episode_steps,
+        with _env_kwargs_checked(env_id, kwargs):
+            raw = InProcessEnvs(env_id, num_envs, **kwargs)
+        max_episode_steps = kwargs.get("max_episode_steps", gym.spec(env_id).max_episode_steps)
+        spec = EnvSpec(env_id=env_id, num_envs=num_envs, max_episode_steps=max_episode_steps,
                        **_space_spec(raw.single_observation_space, raw.single_action_space))
         return BatchedEnv(raw, spec, seed=seed)
     raise _unknown(env_id)
+
+
+@contextlib.contextmanager
+def _env_kwargs_checked(env_id: str, kwargs: dict):
+    """A constructor refusing a keyword (`--env-kwargs`) raises TypeError: one ConfigError line."""
+    try:
+        yield
+    except TypeError as e:
+        if not kwargs:
+            raise
+        raise ConfigError(f"{env_id} refused its env kwargs ({e}); give --env-kwargs only arguments its "
+                          "constructor takes") from None
 
 
 def _make_subset(env_id: str, num_envs: int, seed: list[int], **kwargs) -> BatchedEnv:

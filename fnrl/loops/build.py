@@ -27,9 +27,10 @@ def env_and_agent(plan, world):
 
         env = functional.make(config.env_id, plan.width * config.num_envs, seed=rng.derive(plan.seed, rng.ENV))
     elif rows:
-        env = vmapped.make_env(config.env_id, rows, config.num_envs)
+        env = vmapped.make_env(config.env_id, rows, config.num_envs, **config.env_kwargs)
     else:   # each env of each rank its own seed (fnrl.rng)
-        env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(plan.seed, config.num_envs, world.rank))
+        env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(plan.seed, config.num_envs, world.rank),
+                        **config.env_kwargs)
     # one compiled graph samples and updates (fnrl.learner): row replay without frame dedup, one seed
     fused = (plan.accel.fused_learner and plan.compile and plan.off_policy and not rows and not plan.sequence_replay
              and not env.spec.is_atari)

@@ -38,6 +38,7 @@ FEW_ROWS_MACS = 65_536
 """Multiply-adds (rows x in x out) up to which a `Linear` with at most FEW_ROWS rows does."""
 
 _VMAPPED_ROWS = 1   # set by `vmapped_rows`: each row a Linear sees stands for this many
+_PLAIN = False      # set by `plain_products`
 
 
 @contextlib.contextmanager
@@ -50,6 +51,18 @@ def vmapped_rows(n: int):
         yield
     finally:
         _VMAPPED_ROWS = before
+
+
+@contextlib.contextmanager
+def plain_products():
+    """While tracing for a program of any batch size (`fnrl.export`), every `Linear` traces as
+    `F.linear`: the elementwise product's row test would pin the batch size to a range."""
+    global _PLAIN
+    before, _PLAIN = _PLAIN, True
+    try:
+        yield
+    finally:
+        _PLAIN = before
 
 
 NARROW_OUT = 8
@@ -80,7 +93,7 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and self._elementwise(x):
+        if torch.compiler.is_compiling() and not _PLAIN and self._elementwise(x):
             return _elementwise_linear(x, self.weight, self.bias)
         return super().forward(x)
 

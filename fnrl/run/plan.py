@@ -176,6 +176,9 @@ def _check(plan: Plan, world) -> None:
         from fnrl.samplers.graph import check_supported
 
         check_supported(name, plan.module)
+        if getattr(plan.config, "env_kwargs", None):
+            raise ConfigError("--sampler graph steps fnrl's own torch version of the env, which takes no "
+                              "--env-kwargs; drop one of the two")
     if plan.threads is not None and (isinstance(plan.threads, bool) or not isinstance(plan.threads, int)
                                      or plan.threads < 1):
         raise ConfigError(f"--threads must be at least 1 (or left out for torch's default), got {plan.threads!r}")

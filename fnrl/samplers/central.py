@@ -94,7 +94,8 @@ class CentralSampler:
 
     env_id, num_envs: each of the `num_actors` actors steps its own `num_envs` envs; env j
         of actor i is seeded `fnrl.rng.env_seeds(seed, num_actors * num_envs)[i * num_envs + j]`,
-        so every env has its own seed.
+        so every env has its own seed. env_kwargs: keyword arguments of the env's constructor
+        (`fnrl.envs.make`).
     act(state, obs [N, *obs], carry, explore) -> (action [N, ...], extras, carry): the
         policy (fnrl's agent protocol); called only in the inference thread, under no_grad.
         It must not share network modules with code running in another thread (the
@@ -119,8 +120,10 @@ class CentralSampler:
     def __init__(self, env_id: str, num_envs: int, num_actors: int, act: Callable, state, *, horizon: int,
                  obs_shape: tuple, obs_dtype: torch.dtype, seed: int = 0, num_slots: int | None = None,
                  batch_wait_s: float = 0.002, device: str | torch.device = "cpu", explore: bool = True,
-                 stall_timeout_s: float = 120.0, start_timeout_s: float = 300.0, start_method: str | None = None):
+                 stall_timeout_s: float = 120.0, start_timeout_s: float = 300.0, start_method: str | None = None,
+                 env_kwargs: dict | None = None):
         self.env_id, self.num_envs, self.num_actors, self.horizon = env_id, num_envs, num_actors, horizon
+        self.env_kwargs = dict(env_kwargs or {})
         self.act, self.explore, self.seed = act, explore, seed
         self._seeds = rng.env_seeds(seed, num_actors * num_envs)
         self.device = torch.device(device)
@@ -171,8 +174,8 @@ class CentralSampler:
             for i in range(self.num_actors):
                 here, there = ctx.Pipe(duplex=True)
                 p = ctx.Process(target=_actor_main, name=f"fnrl-actor-{i}", daemon=True, args=(
-                    i, self.env_id, self.num_envs, self._seeds[i * self.num_envs:(i + 1) * self.num_envs], self.horizon, self._request,
-                    self._reply, self._slots, there, self._free, self._full, self._stop, os.getpid()))
+                    i, self.env_id, self.env_kwargs, self.num_envs,
+                    self._seeds[i * self.num_envs:(i + 1) * self.num_envs], self.horizon, self._request, self._reply, self._slots, there, self._free, self._full, self._stop, os.getpid()))
                 p.start()
                 there.close()
                 self._procs.append(p)
@@ -340,12 +343,12 @@ def _flat_reply(action, extras, N: int) -> dict:
 # ---------------------------------------------------------------------- actor process
 
 
-def _actor_main(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
+def _actor_main(index, env_id, env_kwargs, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
                 parent_pid) -> None:
     leave_signals_to_parent()   # Ctrl-C / SIGTERM: the learner stops this process after its checkpoint
     torch.set_num_threads(1)
     try:
-        _actor_loop(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
+        _actor_loop(index, env_id, env_kwargs, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
                     parent_pid)
     except _Stopped:
         pass
@@ -368,11 +371,11 @@ def _alive(stop, parent_pid) -> None:
         raise _Stopped
 
 
-def _actor_loop(index, env_id, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
+def _actor_loop(index, env_id, env_kwargs, num_envs, seeds, horizon, request, reply, slots, conn, free, full, stop,
                 parent_pid) -> None:
     from fnrl import envs
 
-    env = envs.make(env_id, num_envs, seed=seeds)
+    env = envs.make(env_id, num_envs, seed=seeds, **env_kwargs)
     env.poll = False   # the actors share the cores with the learner: EnvPool's recv sleeps at once
     try:
         obs = env.reset()["obs"]
