@@ -50,6 +50,9 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
     if nproc is not None and nproc != 1:
         from fnrl.distributed.launch import train_processes
 
+        if kwargs.get("callbacks"):
+            raise ConfigError("callbacks run in single-process runs; drop nproc or the callbacks")
+
         return train_processes(train, nproc, name, config, **kwargs)
     from fnrl.distributed import world_from_env
 
@@ -66,7 +69,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
         eval_episodes: int = 10, sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1,
         sweep: dict | None = None, cuda_graphs: bool = False, preset: str | None = None,
-        accel: AccelOptions | None = None, changes: dict | None = None) -> TrainResult:
+        accel: AccelOptions | None = None, changes: dict | None = None, callbacks=None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`: the plan, then its loop.
 
     log_interval: env steps between log rows (default: about 100 rows per run).
@@ -106,6 +109,10 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         compile): off-policy, the fused learner step (one seed, a row replay without frame
         stacks); on-policy (PPO, A2C), the update and a feed-forward policy's acting step (one
         seed, one process, the serial sampler).
+    callbacks: objects with `on_log` / `on_eval` / `on_checkpoint` methods, called by the loop at
+        every log row, evaluation and checkpoint; `on_log` / `on_eval` returning True stops the run
+        (with its checkpoint). See `fnrl.run.callbacks`. A run that evaluates while it trains
+        (`eval_interval`) also keeps the policy of its best evaluation in `best.pt`.
     accel: the speed options of a compiled run (`fnrl.accel.AccelOptions`: ahead-of-time models,
         skipped guard checks, the fused off-policy learner step); default: all on, unless
         `$FNRL_AHEAD_OF_TIME`, `$FNRL_SKIP_GUARDS` or `$FNRL_FUSED_LEARNER` is 0. They change
@@ -117,7 +124,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
                      update_threads=update_threads, tensorboard=tensorboard, plot=plot, stop_return=stop_return,
                      eval_interval=eval_interval, eval_episodes=eval_episodes, sampler=sampler,
                      sampler_workers=sampler_workers, num_seeds=num_seeds, sweep=sweep, cuda_graphs=cuda_graphs,
-                     preset=preset, accel=accel, changes=changes)
+                     preset=preset, accel=accel, changes=changes, callbacks=callbacks or [])
     if threads is not None:
         torch.set_num_threads(threads)
     rng.seed_everything(plan.seed, world.rank)

@@ -32,6 +32,7 @@ from fnrl.samplers.serial import SerialSampler
 from fnrl.accel.compiled import make_agent
 from fnrl.loops.off_policy import init_replay
 from fnrl.run.cadence import cadences
+from fnrl.run.callbacks import for_run as run_callbacks
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, resumed_replay, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import TrainingError, check_finite as finite_scalars
@@ -86,6 +87,7 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
     run = _start(plan, sampler_device, max_lead_collects, stall_timeout)
     state, counters, sampler, replay, throttle = run.state, run.counters, run.sampler, run.replay, run.throttle
     last_checkpoint = run.run_dir / CHECKPOINT
+    callbacks = run_callbacks(plan, run.run_dir)
 
     def checkpoint():
         save_checkpoint(last_checkpoint, checkpoint_payload(
@@ -134,13 +136,15 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
                 counters["episodes"] = episodes   # the sampler's count: its ring keeps only the latest returns
                 evaluations = evaluation(state, env_steps, final=solved or finished) if evaluation else None
                 lag = updates - snap["version"]
-                progress.write(counters, evaluations, [{k: v for k, v in scalars.items() if k != "priority"}],
-                               extra=_waits(progress.interval_s, idle, snap, seen, lag), postfix={"lag": lag})
+                logged = progress.write(counters, evaluations, [{k: v for k, v in scalars.items() if k != "priority"}],
+                                        extra=_waits(progress.interval_s, idle, snap, seen, lag), postfix={"lag": lag})
+                solved = callbacks.logged(env_steps, logged, state) or solved
                 seen, idle = snap, 0.0
             if solved or finished or save.due(env_steps) or stop.requested:
                 save.passed(env_steps)
                 finite_scalars(metrics, env_steps, last_checkpoint)
                 checkpoint()
+                callbacks.checkpointed(env_steps, last_checkpoint, state)
             if solved or finished:
                 break
             if stop.requested:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written

@@ -19,6 +19,7 @@ import torch
 from fnrl import envs
 from fnrl.accel.compiled import compile_update
 from fnrl.run.cadence import cadences
+from fnrl.run.callbacks import for_run as run_callbacks
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import check_finite as finite_scalars, stopped_by
@@ -39,6 +40,7 @@ def train_central(plan) -> TrainResult:
     name, config, ckpt = plan.name, plan.config, plan.ckpt
     update, state, counters, sampler, run_dir = _start(plan)
     last_checkpoint = run_dir / CHECKPOINT
+    callbacks = run_callbacks(plan, run_dir)
     version = counters["updates"]
     progress = Progress(Logger(run_dir, tensorboard=plan.tensorboard,
                                resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None),
@@ -86,13 +88,15 @@ def train_central(plan) -> TrainResult:
                 solved = progress.close_interval(counters, plan.stop_return)
                 evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
                 extra, seen = _lag_columns(torch.cat(lags).float(), sampler, seen)
-                progress.write(counters, evaluations, [scalars], extra=extra,
-                               postfix={"lag": f"{extra['policy_lag_mean']:.1f}"})
+                logged = progress.write(counters, evaluations, [scalars], extra=extra,
+                                        postfix={"lag": f"{extra['policy_lag_mean']:.1f}"})
+                solved = callbacks.logged(counters["env_steps"], logged, state) or solved
                 lags = []
             if solved or done or save.due(counters["env_steps"]) or stop.requested:
                 save.passed(counters["env_steps"])
                 finite_scalars(metrics, counters["env_steps"], last_checkpoint)
                 checkpoint()
+                callbacks.checkpointed(counters["env_steps"], last_checkpoint, state)
             if solved:
                 break
             if stop.requested:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written

@@ -12,6 +12,7 @@ from fnrl import envs, rng
 from fnrl.accel import compiled
 from fnrl.accel.cudagraphs import check_cuda_graphs
 from fnrl.distributed.data_parallel import RowsOnly
+from fnrl.run.callbacks import for_run as callbacks_for_run
 from fnrl.run.checkpoint import restore_state
 from fnrl.run.progress import Progress
 from fnrl.run.threads import update_threads_for
@@ -116,3 +117,9 @@ def _resumed_at(plan) -> int | None:
     if plan.ckpt is None:
         return None
     return plan.ckpt["counters"]["env_steps"] * plan.ckpt.get("world_size", 1)
+
+
+def run_callbacks(plan, world, run_dir):
+    """The run's callbacks (`fnrl.run.callbacks.for_run`: the user's, and `best.pt`'s), on the main
+    process."""
+    return callbacks_for_run(plan, run_dir, world.main)

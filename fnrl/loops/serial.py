@@ -15,7 +15,7 @@ import dataclasses
 from fnrl import samplers
 from fnrl.errors import SamplerError
 from fnrl.accel import compiled
-from fnrl.loops.build import env_and_agent, initial_state, run_evaluation, run_progress, update_threads
+from fnrl.loops.build import env_and_agent, initial_state, run_callbacks, run_evaluation, run_progress, update_threads
 from fnrl.loops.off_policy import ReplayLearner
 from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
@@ -53,6 +53,7 @@ def train_serial(plan, world) -> TrainResult:
     steps_per_collect = config.num_steps * config.num_envs
     log, save = cadences(plan, steps_per_collect, counters["env_steps"])
     last_checkpoint = run_dir / CHECKPOINT if world.main else "on rank 0"
+    callbacks = run_callbacks(plan, world, run_dir)
 
     def check_finite() -> dict:   # the mean over ranks, so that every rank stops together
         scalars = world.mean(scalar_metrics(metrics))
@@ -99,13 +100,15 @@ def train_serial(plan, world) -> TrainResult:
                     scalars = check_finite()
                     solved = progress.close_interval(counters, plan.stop_return)
                     evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
-                    progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars))
+                    logged = progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars))
+                    solved = callbacks.logged(counters["env_steps"] * world.size, logged, state) or solved
                 stopping = _stop_agreed(stop, world)
                 if solved or done or save.due(counters["env_steps"]) or stopping:
                     steady.release()
                     save.passed(counters["env_steps"])
                     check_finite()
                     checkpoint()
+                    callbacks.checkpointed(counters["env_steps"] * world.size, last_checkpoint, state)
                 if solved:
                     break
                 if stopping:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written

@@ -16,6 +16,7 @@ import torch
 
 from fnrl import algos, samplers
 from fnrl.accel.cudagraphs import check_cuda_graphs
+from fnrl.run.callbacks import check_callbacks
 from fnrl.accel.options import AccelOptions, resolve
 from fnrl.errors import ConfigError
 from fnrl.run.checkpoint import config_from_json, load_checkpoint
@@ -61,6 +62,8 @@ class Plan:
     cuda_graphs: bool = False
     accel: AccelOptions = dataclasses.field(default_factory=AccelOptions)
     """how compiled steps run (`fnrl.accel.AccelOptions`)"""
+    callbacks: list = dataclasses.field(default_factory=list)
+    """the user's callbacks (`fnrl.run.callbacks`)"""
 
     @property
     def off_policy(self) -> bool:
@@ -155,6 +158,7 @@ def make_plan(world, name: str, config=None, *, seed: int = 0, log_dir=None, dev
 def _check(plan: Plan, world) -> None:
     """Every combination check of the run's options, one ConfigError line each."""
     name, sampler, rows = plan.name, plan.sampler, plan.rows
+    plan.callbacks = check_callbacks(plan.callbacks, world.size)
     check_cuda_graphs(plan.cuda_graphs, device=plan.device, compile=plan.compile, algo=name,
                       off_policy=plan.off_policy, sampler=sampler, central=plan.runtime == "central",
                       single=None if not rows else False)

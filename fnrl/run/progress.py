@@ -73,17 +73,19 @@ class Progress:
         return self.stats.reached(stop_return)
 
     def write(self, counters: dict, evaluations: list[dict] | None, metric_rows: list[dict],
-              extra: dict | None = None, postfix: dict | None = None) -> None:
+              extra: dict | None = None, postfix: dict | None = None) -> list[dict]:
         """One progress.csv row per row of the run: the counters, the loop's `extra` columns, its
         episode statistics, its evaluation (None: no evaluation this interval) and its
-        `metric_rows` entry; the bar shows sps, the mean return and `postfix`."""
+        `metric_rows` entry; the bar shows sps, the mean return and `postfix`. Returns the rows."""
         shared = {"env_steps": counters["env_steps"] * self.world.size, "updates": counters["updates"],
                   "wall_s": round(counters["wall_s"], 3), "sps": round(self._sps, 1), **(extra or {})}
-        for row in interval_rows(shared, self.stats.columns(), evaluations, metric_rows, self.labels):
+        rows = interval_rows(shared, self.stats.columns(), evaluations, metric_rows, self.labels)
+        for row in rows:
             self.logger.log(row)
         if self.bar is not None:
             self.bar.set_postfix(sps=f"{self._sps:.0f}", ret=f"{mean_of_rows(self.stats.means()):.1f}",
                                  **(postfix or {}))
+        return rows
 
     def close(self) -> None:
         if self.bar is not None:
