@@ -4,7 +4,6 @@ The programs must act as `act(state, obs, None, explore=False)` does on observat
 policy meets, at any batch size, with the run's observation normalization inside."""
 from __future__ import annotations
 
-import numpy as np
 import onnxruntime
 import pytest
 import torch
