@@ -1,4 +1,4 @@
-"""The `fnrl` command: train, eval, export, launch, plot, bench.
+"""The `fnrl` command: train, eval, export, check-env, launch, plot, bench.
 
     fnrl train ALGO [--env ENV_ID] [--preset auto|none] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda [--cuda-graphs]] [--compile/--no-compile] [--resume DIR]
@@ -7,6 +7,7 @@
                     [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT|POLICY [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
     fnrl export RUN [--format policy|pt2|onnx] [--out FILE] [--row K]
+    fnrl check-env ENV_ID [--env-kwargs JSON] [--steps N]
     fnrl launch GRID_FILE [--slots N] [--dry-run]
     fnrl plot DIR... [--out curves.png] [--y return_mean] [--group-by config|none] [--band minmax|std]
     fnrl bench [--quick] [--only KEY,...] [--threads N] [--device cpu|cuda]   (from a source checkout)
@@ -303,7 +304,27 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "eval": _eval, "export": _export, "launch": _launch, "plot": _plot, "bench": _bench}
+def _check_env(argv: list[str]) -> int:
+    parser = _OneLineParser(prog="fnrl check-env", description="Check that an env meets what fnrl's training loops "
+                            "rely on (spaces, dtypes, the reset / step contract, finite values, episode ends, "
+                            "determinism under a seed); exit code 1 if a check fails.")
+    parser.add_argument("env", metavar="ENV_ID", help="an EnvPool task, a gymnasium id, or gymnasium's module:Env-v0")
+    parser.add_argument("--env-kwargs", type=_json_object, default={}, metavar="JSON",
+                        help="keyword arguments of the env's constructor")
+    parser.add_argument("--steps", type=int, default=500, help="random-action steps of 2 envs (default: 500)")
+    parser.add_argument("--seed", type=int, default=0, help="the envs' seeds and the actions' (default: 0)")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be at least 1, got {args.steps}")
+    from fnrl.envs.check import check_env, report
+
+    checks = check_env(args.env, args.env_kwargs, steps=args.steps, seed=args.seed)
+    print(report(checks))
+    return 0 if all(c.ok for c in checks) else 1
+
+
+COMMANDS = {"train": _train, "eval": _eval, "export": _export, "check-env": _check_env, "launch": _launch,
+            "plot": _plot, "bench": _bench}
 
 
 def _rank() -> int:

@@ -49,6 +49,7 @@ def _cases(tmp_path):
         (["train", "nope"], "unknown algorithm 'nope'", []),
         (["train", "ppo", "--env", "CartPol-v1"], "unknown env id", []),
         (["train", "ppo", "--env", "no_such_module:Env-v0"], "cannot import module 'no_such_module'", []),
+        (["check-env", "CartPol-v1"], "unknown env id", []),
         (["train", "ppo", "--env-kwargs", "{length: 7}"], "--env-kwargs: '{length: 7}' is not JSON", []),
         (["train", "ppo", "--env-kwargs", '{"no_such_kwarg": 1}'], "CartPole-v1 refused its env kwargs", []),
         (["train", "ppo", "--sampler", "graph", "--env-kwargs", '{"max_episode_steps": 50}'],
