@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from fnrl.nets import A3CConv, ActorCritic, NatureCNN, call, parameters
@@ -106,3 +107,15 @@ def test_narrow_linear_compiled_equals_linear_in_value_and_gradients():
     for i in range(3):
         assert_close(({k: g[i] for k, g in rows[0].items()}, rows[1][i]), grads_and_loss(wide, params, x[i]))
     assert torch.equal(narrow(x), torch.nn.functional.linear(x, narrow.weight, narrow.bias))   # eager: F.linear
+
+
+def test_conv_torsos_fit_any_frame_size_and_refuse_too_small_frames():
+    from fnrl.errors import ConfigError
+    from fnrl.nets.core import encoder
+
+    for shape in [(4, 84, 84), (3, 64, 48), (1, 36, 36)]:
+        for conv in ("nature", "a3c"):
+            torso, out_dim = encoder(shape, conv)
+            assert torso(torch.zeros(2, *shape, dtype=torch.uint8)).shape == (2, out_dim)
+    with pytest.raises(ConfigError, match="20x20 frames are too small for the conv torso"):
+        encoder((3, 20, 20))

@@ -9,10 +9,15 @@ import pathlib
 import subprocess
 import sys
 
+import gymnasium as gym
+import numpy as np
 import pytest
+import torch
 
 from fnrl import envs
 from fnrl.errors import ConfigError
+from fnrl.presets import configure
+from fnrl.train import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 USER_ENV = "tests.user_env:UserCount-v0"
@@ -105,3 +110,42 @@ def test_env_kwargs_the_env_refuses_are_one_clear_error():
         assert env.spec.max_episode_steps == 50
     finally:
         env.close()
+
+
+class Pixels(gym.Env):
+    """36 x 36 RGB frames, channels last (as most image envs give them); the frame's colour is the step."""
+
+    observation_space = gym.spaces.Box(0, 255, (36, 36, 3), np.uint8)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._frame(), {}
+
+    def _frame(self):
+        frame = np.zeros((36, 36, 3), np.uint8)
+        frame[..., 0], frame[..., 1], frame[0, 0, 2] = self.t, 2 * self.t, 7
+        return frame
+
+    def step(self, action):
+        self.t += 1
+        return self._frame(), float(action), False, self.t == 10, {}
+
+
+def test_channels_last_images_reach_the_conv_torso_channels_first(tmp_path):
+    if "fnrl-test/Pixels-v0" not in gym.registry:
+        gym.register("fnrl-test/Pixels-v0", entry_point=Pixels)
+    env = envs.make("fnrl-test/Pixels-v0", 2, seed=[0, 1])
+    try:
+        assert env.spec.obs_shape == (3, 36, 36) and env.spec.obs_dtype == torch.uint8
+        env.reset()
+        obs = env.step(torch.tensor([0, 1]))["obs"]
+        assert obs.shape == (2, 3, 36, 36) and obs.is_contiguous()
+        assert (obs[:, 0] == 1).all() and (obs[:, 1] == 2).all() and obs[0, 2, 0, 0] == 7 and obs[0, 2, 1, 1] == 0
+    finally:
+        env.close()
+    config, _ = configure("ppo", "fnrl-test/Pixels-v0", total_steps=256, num_envs=2, num_steps=64)
+    result = train("ppo", config, log_dir=tmp_path / "run", compile=False, quiet=True, tensorboard=False,
+                   plot=False, eval_episodes=1)
+    assert result.eval_returns is not None and len(result.eval_returns[0]) == 1

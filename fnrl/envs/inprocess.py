@@ -43,12 +43,21 @@ class InProcessEnvs:
     observation, reward 0 and no end flags, and ignores the env's action. Observations are
     fresh arrays each step (stacked copies, even of an env that returns one array it
     mutates), in the observation space's dtype; a Dict observation is a dict of such arrays.
+
+    Image observations in channels-last layout ([H, W, C] uint8 with C of 1, 3 or 4:
+    `channels_last`) are given channels-first, [C, H, W], as fnrl's conv torsos take them, and
+    `single_observation_space` says so.
     """
 
     def __init__(self, env_id: str, num_envs: int, **kwargs):
         self.envs = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
         self.num_envs = num_envs
         self.single_observation_space = self.envs[0].observation_space
+        self.transposed = channels_last(self.single_observation_space)
+        if self.transposed:
+            low, high = (np.moveaxis(bound, -1, 0) for bound in (self.single_observation_space.low,
+                                                                 self.single_observation_space.high))
+            self.single_observation_space = gym.spaces.Box(low, high, dtype=np.uint8)
         self.single_action_space = self.envs[0].action_space
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         space = self.single_observation_space
@@ -59,6 +68,8 @@ class InProcessEnvs:
     def _stack(self, observations: list):
         if isinstance(self._dtypes, dict):
             return {k: np.array([o[k] for o in observations], dtype=d) for k, d in self._dtypes.items()}
+        if self.transposed:
+            return np.ascontiguousarray(np.array(observations, dtype=self._dtypes).transpose(0, 3, 1, 2))
         return np.array(observations, dtype=self._dtypes)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None) -> tuple:
@@ -111,6 +122,13 @@ class InProcessEnvs:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def channels_last(space) -> bool:
+    """Whether `space` holds images in channels-last layout: a uint8 Box [H, W, C], C in 1, 3, 4
+    and H, W larger (a channels-first [C, H, W] image has its width last)."""
+    return (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+            and space.shape[-1] in (1, 3, 4) and min(space.shape[:2]) > 4)
 
 
 def _layers(env) -> list:

@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from fnrl.errors import ConfigError
 
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
@@ -184,8 +185,21 @@ def mlp(in_dim: int, out_dim: int | None, hidden=(64, 64), activation: str = "ta
     return nn.Sequential(*layers)
 
 
+def conv_out(size: tuple[int, int], layers) -> int:
+    """Cells of a valid (unpadded) conv stack's output per channel for frames of `size` (H, W);
+    layers: (kernel, stride) of each conv. ConfigError for frames too small for the stack."""
+    h, w = size
+    for kernel, stride in layers:
+        h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1
+    if h < 1 or w < 1:
+        raise ConfigError(f"{size[0]}x{size[1]} frames are too small for the conv torso (kernels and strides "
+                          f"{list(layers)}); use larger frames or a vector observation")
+    return h * w
+
+
 class _ConvTorso(nn.Module):
-    """A conv stack over uint8 frames [*, C, 84, 84] (scaled to [0, 1]) -> [*, out_dim]."""
+    """A conv stack over uint8 frames [*, C, H, W] (scaled to [0, 1]) -> [*, out_dim]; the
+    linear layer after the convs is sized for (H, W) (`size`, default Atari's 84 x 84)."""
 
     out_dim: int
 
@@ -203,13 +217,14 @@ class NatureCNN(_ConvTorso):
 
     out_dim = 512
 
-    def __init__(self, in_channels: int = 4):
+    def __init__(self, in_channels: int = 4, size: tuple[int, int] = (84, 84)):
         super().__init__()
+        cells = conv_out(size, [(8, 4), (4, 2), (3, 1)])
         self.net = nn.Sequential(
             layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
             layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(64 * cells, 512)), nn.ReLU(),
         )
 
 
@@ -218,12 +233,13 @@ class A3CConv(_ConvTorso):
 
     out_dim = 256
 
-    def __init__(self, in_channels: int = 4):
+    def __init__(self, in_channels: int = 4, size: tuple[int, int] = (84, 84)):
         super().__init__()
+        cells = conv_out(size, [(8, 4), (4, 2)])
         self.net = nn.Sequential(
             layer_init(nn.Conv2d(in_channels, 16, 8, stride=4)), nn.ReLU(),
             layer_init(nn.Conv2d(16, 32, 4, stride=2)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(32 * 9 * 9, 256)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(32 * cells, 256)), nn.ReLU(),
         )
 
 
@@ -245,7 +261,7 @@ def encoder(obs_shape, conv: str = "nature") -> tuple[nn.Module, int] | None:
     """A conv torso for image observations ([C, H, W]); None for vector ones."""
     if len(obs_shape) != 3:
         return None
-    torso = {"nature": NatureCNN, "a3c": A3CConv}[conv](obs_shape[0])
+    torso = {"nature": NatureCNN, "a3c": A3CConv}[conv](obs_shape[0], tuple(obs_shape[1:]))
     return torso, torso.out_dim
 
 
