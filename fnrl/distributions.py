@@ -9,7 +9,9 @@ in-place writes, so it works under `torch.func.vmap` (sampling needs
 
 Shapes: a categorical over A actions has logits [..., A] and actions int64 [...];
 a diagonal Gaussian over D dims has mean and log_std [..., D], and log-probabilities,
-entropies and KLs are summed over D, giving [...].
+entropies and KLs are summed over D, giving [...]; a multi-categorical over K parts of
+nvec[k] choices has logits [..., sum(nvec)] and actions int64 [..., K], its log-probabilities,
+entropies and KLs summed over the parts.
 """
 from __future__ import annotations
 
@@ -36,6 +38,11 @@ __all__ = [
     "tanh_normal_sample",
     "tanh_normal_log_prob",
     "tanh_normal_mode",
+    "multi_categorical_sample",
+    "multi_categorical_log_prob",
+    "multi_categorical_entropy",
+    "multi_categorical_kl",
+    "multi_categorical_mode",
 ]
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -282,3 +289,46 @@ def tanh_normal_sample(mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch
 def tanh_normal_mode(mean: torch.Tensor) -> torch.Tensor:
     """Deterministic SAC action tanh(mean) (the tanh of the Gaussian's mode); [..., D]."""
     return torch.tanh(mean)
+
+
+# ---------------------------------------------------------------------------
+# multi-categorical: independent categoricals over the parts of one action
+# ---------------------------------------------------------------------------
+
+
+def _parts(logits: torch.Tensor, nvec: tuple) -> tuple[torch.Tensor, ...]:
+    _check_logits("logits", logits)
+    if logits.shape[-1] != sum(nvec):
+        raise ValueError(f"logits must have sum(nvec) = {sum(nvec)} entries in their last dim, got {logits.shape[-1]}")
+    return torch.split(logits, list(nvec), dim=-1)
+
+
+def multi_categorical_sample(logits: torch.Tensor, nvec: tuple) -> torch.Tensor:
+    """a_k ~ Categorical(softmax(logits_k)) for each part k, independently (gymnasium's
+    MultiDiscrete; OpenAI Baselines' MultiCategoricalPd).
+
+    logits: [..., sum(nvec)], part k's logits the k-th block of nvec[k]. Returns int64 [..., K]."""
+    return torch.stack([categorical_sample(part) for part in _parts(logits, nvec)], dim=-1)
+
+
+def multi_categorical_log_prob(logits: torch.Tensor, nvec: tuple, action: torch.Tensor) -> torch.Tensor:
+    """log pi(a) = sum_k log pi_k(a_k). action: int64 [..., K]. Returns [...]."""
+    parts = _parts(logits, nvec)
+    if action.shape[-1:] != (len(nvec),):
+        raise ValueError(f"action must have K = {len(nvec)} parts in its last dim, got {tuple(action.shape)}")
+    return sum(categorical_log_prob(part, action[..., k]) for k, part in enumerate(parts))
+
+
+def multi_categorical_entropy(logits: torch.Tensor, nvec: tuple) -> torch.Tensor:
+    """H(pi) = sum_k H(pi_k) (the parts are independent). Returns [...]."""
+    return sum(categorical_entropy(part) for part in _parts(logits, nvec))
+
+
+def multi_categorical_kl(p_logits: torch.Tensor, q_logits: torch.Tensor, nvec: tuple) -> torch.Tensor:
+    """KL(p || q) = sum_k KL(p_k || q_k). Returns [...]."""
+    return sum(categorical_kl(p, q) for p, q in zip(_parts(p_logits, nvec), _parts(q_logits, nvec)))
+
+
+def multi_categorical_mode(logits: torch.Tensor, nvec: tuple) -> torch.Tensor:
+    """The most probable action: each part's argmax. Returns int64 [..., K]."""
+    return torch.stack([categorical_mode(part) for part in _parts(logits, nvec)], dim=-1)

@@ -52,7 +52,24 @@ GAUSSIAN = ActionDist(
 )
 
 
+def multi_categorical(nvec: tuple) -> ActionDist:
+    """Independent categoricals over the parts of a multi-discrete action (`EnvSpec.action_nvec`):
+    `dist` is `(logits [..., sum(nvec)],)`, actions int64 [..., K]."""
+    nvec = tuple(int(n) for n in nvec)
+    return ActionDist(
+        sample=lambda logits: D.multi_categorical_sample(logits, nvec),
+        log_prob=lambda logits, a: D.multi_categorical_log_prob(logits, nvec, a),
+        entropy=lambda logits: D.multi_categorical_entropy(logits, nvec),
+        mode=lambda logits: D.multi_categorical_mode(logits, nvec),
+        kl=lambda p, q: D.multi_categorical_kl(p[0], q[0], nvec),
+    )
+
+
 def action_dist(spec: EnvSpec) -> ActionDist:
+    """The policy distribution of the env's actions: categorical, independent categoricals
+    (multi-discrete) or a diagonal Gaussian."""
+    if spec.multi_discrete:
+        return multi_categorical(spec.action_nvec)
     return CATEGORICAL if spec.discrete else GAUSSIAN
 
 
@@ -240,15 +257,20 @@ def _autograd_grad_and_value(loss_fn: Callable, params: TensorDict, *args):
 
 
 def require_discrete(name: str, spec: EnvSpec) -> None:
+    if spec.multi_discrete:
+        raise ConfigError(f"{name} needs one discrete action, but {spec.env_id}'s actions have "
+                          f"{len(spec.action_nvec)} discrete parts {list(spec.action_nvec)}; use ppo, a2c or impala")
     if not spec.discrete:
         raise ConfigError(f"{name} needs a discrete action space, but {spec.env_id} has continuous actions "
                           f"{spec.action_shape}; use sac, td3, ddpg or ppo")
 
 
 def require_continuous(name: str, spec: EnvSpec) -> None:
-    if spec.discrete:
-        raise ConfigError(f"{name} needs a continuous action space, but {spec.env_id} has "
-                          f"{spec.num_actions} discrete actions; use dqn, ppo or a2c")
+    if not spec.continuous:
+        kind = (f"{spec.num_actions} discrete actions" if spec.discrete
+                else f"multi-discrete actions {list(spec.action_nvec)}")
+        raise ConfigError(f"{name} needs a continuous action space, but {spec.env_id} has {kind}; "
+                          "use dqn, ppo or a2c")
 
 
 def check_positive(config, *fields: str) -> None:
@@ -286,14 +308,14 @@ def actor_critic_policy(spec: EnvSpec, hidden=(64, 64), activation: str = "tanh"
     from fnrl.nets import ActorCritic, call
 
     def build():
-        return ActorCritic(spec.obs_shape, spec.action_dim, not spec.discrete, hidden, activation, conv,
+        return ActorCritic(spec.obs_shape, spec.action_dim, spec.continuous, hidden, activation, conv,
                            init_log_std)
 
     net = build()
 
     def policy(params, obs):
         out, value = call(net, params, obs)
-        return ((out,) if spec.discrete else (out, params["log_std"].expand_as(out))), value
+        return ((out, params["log_std"].expand_as(out)) if spec.continuous else (out,)), value
 
     return build, policy
 
@@ -352,7 +374,7 @@ def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: 
     from fnrl.nets.recurrent import reset_carry
 
     def build():
-        return RecurrentActorCritic(spec.obs_shape, spec.action_dim, not spec.discrete, core, core_size, hidden,
+        return RecurrentActorCritic(spec.obs_shape, spec.action_dim, spec.continuous, core, core_size, hidden,
                                     activation, conv, init_log_std)
 
     net = build()
@@ -360,7 +382,7 @@ def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: 
 
     def unroll(params, obs, reset, carry):
         out, value, carry = call(net, params, obs, reset, carry)
-        return ((out,) if spec.discrete else (out, params["log_std"].expand_as(out))), value, carry
+        return ((out, params["log_std"].expand_as(out)) if spec.continuous else (out,)), value, carry
 
     def step(params, obs, carry):
         B = obs.shape[0]

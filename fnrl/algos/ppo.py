@@ -3,7 +3,8 @@
 Clipped surrogate or adaptive-KL penalty, GAE, value clipping, advantage
 normalization, linear learning-rate and clip annealing, gradient-norm clipping, and
 BatchPPO's running observation and reward normalization (Hafner et al. 2017).
-Discrete (categorical) and continuous (Gaussian, state-independent log-std) actions.
+Discrete (categorical), multi-discrete (independent categoricals: gymnasium's MultiDiscrete and
+MultiBinary) and continuous (Gaussian, state-independent log-std) actions.
 
 Recurrent PPO (`core="lstm"` or `"gru"`): the policy carries an LSTM/GRU state
 (fnrl.nets.recurrent). The rollout records the state each step started from

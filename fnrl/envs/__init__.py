@@ -157,7 +157,16 @@ def _space_spec(obs_space, act_space):
                     action_dtype=torch.float32,
                     action_low=torch.as_tensor(act_space.low, dtype=torch.float32),
                     action_high=torch.as_tensor(act_space.high, dtype=torch.float32))
-    raise ConfigError(f"action space {act_space} is not supported: fnrl handles Discrete and Box actions")
+    if isinstance(act_space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        nvec = (tuple(int(n) for n in act_space.nvec) if isinstance(act_space, gym.spaces.MultiDiscrete)
+                else (2,) * int(np.prod(act_space.shape)))
+        if len(act_space.shape) != 1 or np.any(getattr(act_space, "start", 0) != 0):
+            raise ConfigError(f"action space {act_space} is not supported: fnrl handles 1-d MultiDiscrete / "
+                              "MultiBinary actions whose parts start at 0")
+        return dict(obs_shape=obs_shape, obs_dtype=obs_dtype, action_shape=(len(nvec),), action_dtype=torch.int64,
+                    action_nvec=nvec)
+    raise ConfigError(f"action space {act_space} is not supported: fnrl handles Discrete, Box, MultiDiscrete and "
+                      "MultiBinary actions")
 
 
 def _unknown(env_id: str) -> ConfigError:

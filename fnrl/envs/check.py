@@ -60,8 +60,12 @@ def check_env(env_id: str, env_kwargs: dict | None = None, steps: int = 500, see
 
 
 def _describe(spec) -> str:
-    action = (f"Discrete({spec.num_actions})" if spec.discrete
-              else f"Box{tuple(spec.action_shape)} in [{spec.action_low.min():.3g}, {spec.action_high.max():.3g}]")
+    if spec.discrete:
+        action = f"Discrete({spec.num_actions})"
+    elif spec.multi_discrete:
+        action = f"MultiDiscrete({list(spec.action_nvec)})"
+    else:
+        action = f"Box{tuple(spec.action_shape)} in [{spec.action_low.min():.3g}, {spec.action_high.max():.3g}]"
     return f"observations {spec.obs_shape} {spec.obs_dtype}, actions {action}"
 
 
@@ -91,6 +95,9 @@ def _trace(env, steps: int, seed: int, actions: list | None = None) -> dict:
             action = actions[t]
         elif spec.discrete:
             action = torch.randint(spec.num_actions, (spec.num_envs,), generator=generator)
+        elif spec.multi_discrete:
+            u = torch.rand((spec.num_envs, len(spec.action_nvec)), generator=generator)
+            action = (u * torch.tensor(spec.action_nvec)).long()
         else:
             u = torch.rand((spec.num_envs, *spec.action_shape), generator=generator)
             low, high = spec.action_low.clamp(min=-1e3), spec.action_high.clamp(max=1e3)
