@@ -7,7 +7,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,11 +39,13 @@ class Evaluator:
         0's frames ([H, W, 3] uint8 RGB, one after the reset and one per step) until
         `record_episodes` of its episodes have ended; the envs are then made with
         `render_mode="rgb_array"` (EnvPool's renderer, or gymnasium's for gymnasium envs).
+        `record` may also be set between calls; `render=True` makes envs that can render for it.
     """
 
     def __init__(self, name: str, config, *, episodes: int = 10, seed: int | list[int] = 10_000,
                  num_envs: int | None = None,
-                 device: str = "cpu", compile: bool = False, record: list | None = None, record_episodes: int = 1):
+                 device: str = "cpu", compile: bool = False, record: list | None = None, record_episodes: int = 1,
+                 render: bool = False):
         if episodes < 1:
             raise ConfigError(f"evaluation needs at least 1 episode, got {episodes}")
         module = algos.load(name)
@@ -49,13 +53,14 @@ class Evaluator:
         self.num_envs = num_envs or (len(seed) if isinstance(seed, list) else min(episodes, 8))
         self.device = torch.device(device)
         self.record, self.record_episodes = record, record_episodes
-        kwargs = {**config.env_kwargs, **({"render_mode": "rgb_array"} if record is not None else {})}
+        render = render or record is not None
+        kwargs = {**config.env_kwargs, **({"render_mode": "rgb_array"} if render else {})}
         try:
             self.env = envs.make(config.env_id, self.num_envs, seed=seed, train=False, **kwargs)
         except (TypeError, ValueError, RuntimeError) as e:  # an env that takes no render_mode
-            if record is None:
+            if not render:
                 raise
-            raise ConfigError(f"{config.env_id} cannot render frames for --record-video: its env takes no "
+            raise ConfigError(f"{config.env_id} cannot render frames for a video: its env takes no "
                               f"render_mode='rgb_array' ({type(e).__name__})") from e
         if compile:
             apply_workarounds()
@@ -70,7 +75,7 @@ class Evaluator:
         if frame.ndim == 4:  # EnvPool: [1, H, W, 3] for env 0
             frame = frame[0]
         if frame.ndim != 3 or frame.shape[-1] != 3:
-            raise ConfigError(f"{self.env.spec.env_id} cannot render rgb frames for --record-video")
+            raise ConfigError(f"{self.env.spec.env_id} cannot render rgb frames for a video")
         return frame.copy()
 
     def __call__(self, state, episodes: int | None = None, max_steps: int = 1_000_000) -> list[float]:
@@ -136,12 +141,14 @@ class RunEvaluation:
         NaN otherwise, so progress.csv keeps one header. `state` is the run's state (rows
         stacked along its first dimension for several rows).
     returns: the returns of the latest evaluation of each row (None before the first).
+    capture: a folder (`--capture-video`): each evaluation also records the first episode of the
+        first row's env 0 there, as `eval-<env steps>.mp4` (`.gif` without imageio-ffmpeg).
     """
 
     COLUMNS = ("eval_return_mean", "eval_return_std")
 
     def __init__(self, name: str, configs: list, seeds: list[int], episodes: int = 10, *,
-                 interval: int | None = None, start: int = 0, device: str = "cpu"):
+                 interval: int | None = None, start: int = 0, device: str = "cpu", capture=None):
         if interval is not None and (not isinstance(interval, int) or interval < 1):
             raise ConfigError(f"--eval-interval must be a positive number of env steps, got {interval!r}")
         if not isinstance(episodes, int) or episodes < 1:
@@ -149,12 +156,14 @@ class RunEvaluation:
         self.interval = interval
         self.next = None if interval is None else start + interval
         self.returns: list[list[float]] | None = None
+        self.capture = None if capture is None else Path(capture)
         n = min(episodes, EVAL_ENVS)
         self.evaluators = []
         try:
-            for config, seed in zip(configs, seeds):
+            for r, (config, seed) in enumerate(zip(configs, seeds)):
                 self.evaluators.append(Evaluator(name, config, episodes=episodes, num_envs=n, device=device,
-                                                 seed=rng.env_seeds(seed, n, stream=rng.EVAL_ENV)))
+                                                 seed=rng.env_seeds(seed, n, stream=rng.EVAL_ENV),
+                                                 render=self.capture is not None and r == 0))
         except BaseException:
             self.close()
             raise
@@ -168,8 +177,21 @@ class RunEvaluation:
         while self.next is not None and self.next <= env_steps:
             self.next += self.interval
         stacked = state.batch_dims > 0   # a vmapped run's rows
-        self.returns = [evaluator(state[r] if stacked else state) for r, evaluator in enumerate(self.evaluators)]
+        video = self._video(env_steps)
+        with video if video is not None else contextlib.nullcontext():   # the file is finished on success
+            self.returns = [evaluator(state[r] if stacked else state) for r, evaluator in enumerate(self.evaluators)]
+        self.evaluators[0].record = None
         return [{"eval_return_mean": float(np.mean(r)), "eval_return_std": float(np.std(r))} for r in self.returns]
+
+    def _video(self, env_steps: int):
+        if self.capture is None:
+            return None
+        from fnrl.video import VideoWriter, mp4_available
+
+        self.capture.mkdir(exist_ok=True)
+        video = VideoWriter(self.capture / f"eval-{env_steps:09d}.{'mp4' if mp4_available() else 'gif'}")
+        self.evaluators[0].record = video
+        return video
 
     def close(self) -> None:
         for evaluator in self.evaluators:

@@ -101,7 +101,7 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
     progress = evaluation = None
     stop = StopRequest().start()
     try:
-        evaluation = _evaluation(plan, counters["env_steps"])
+        evaluation = _evaluation(plan, counters["env_steps"], run.run_dir)
         progress = Progress(Logger(run.run_dir, tensorboard=plan.tensorboard,
                                    resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None),
                             f"{plan.name} {config.env_id} async", config.total_steps, quiet=plan.quiet,
@@ -250,10 +250,11 @@ def _waits(span: float, idle: float, snap: dict, seen: dict, lag: int) -> dict:
             "sampler_wait": round(min((snap["wait_s"] - seen["wait_s"]) / span, 1.0), 3)}
 
 
-def _evaluation(plan, start: int):
+def _evaluation(plan, start: int, run_dir):
     if not plan.eval_episodes:
         return None
     from fnrl.evaluate import RunEvaluation
+    from fnrl.loops.build import video_folder
 
     return RunEvaluation(plan.name, [plan.config], [plan.seed], plan.eval_episodes, interval=plan.eval_interval,
-                         start=start, device=plan.device)
+                         start=start, device=plan.device, capture=video_folder(plan, run_dir))

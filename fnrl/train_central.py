@@ -49,9 +49,11 @@ def train_central(plan) -> TrainResult:
     evaluation = None
     if plan.eval_episodes:
         from fnrl.evaluate import RunEvaluation
+        from fnrl.loops.build import video_folder
 
         evaluation = RunEvaluation(name, [config], [plan.seed], plan.eval_episodes, interval=plan.eval_interval,
-                                   start=counters["env_steps"], device=plan.device)
+                                   start=counters["env_steps"], device=plan.device,
+                                   capture=video_folder(plan, run_dir))
 
     def checkpoint():
         save_checkpoint(last_checkpoint, checkpoint_payload(

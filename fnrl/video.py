@@ -1,10 +1,12 @@
-"""Write rgb frames to a video file: mp4 through OpenCV, animated GIF through Pillow.
+"""Write rgb frames to a video file: H.264 mp4 through imageio-ffmpeg, animated GIF through Pillow.
 
     with VideoWriter("episode.mp4", fps=30) as video:
         for frame in frames:          # [H, W, 3] uint8 RGB
             video.append(frame)
 
-mp4 frames stream to disk as they come; a GIF is written on `close()`.
+mp4 frames stream to an ffmpeg process as they come (H.264, yuv420p: what browsers and
+TensorBoard play; frames of odd size get an edge row / column repeated); a GIF is written on
+`close()`. mp4 needs the `video` extra (imageio-ffmpeg, which brings its own ffmpeg binary).
 """
 from __future__ import annotations
 
@@ -26,17 +28,21 @@ def check_video_path(path: str | Path) -> Path:
         raise ConfigError(f"--record-video {path}: use a file name ending in .mp4 or .gif")
     if not path.resolve().parent.is_dir():
         raise ConfigError(f"--record-video {path}: folder {path.resolve().parent} does not exist")
-    if path.suffix.lower() == ".mp4":
-        try:
-            import cv2  # noqa: F401
-        except ImportError as e:
-            raise ConfigError(f"--record-video {path}: writing mp4 needs OpenCV (opencv-python), which is not "
-                              f"installed; record a .gif instead") from e
+    if path.suffix.lower() == ".mp4" and not mp4_available():
+        raise ConfigError(f"--record-video {path}: writing mp4 needs imageio-ffmpeg (pip install \"fnrl[video]\"), "
+                          "which is not installed; record a .gif instead")
     return path
 
 
+def mp4_available() -> bool:
+    """Whether mp4 files can be written here (imageio-ffmpeg is installed)."""
+    import importlib.util
+
+    return importlib.util.find_spec("imageio_ffmpeg") is not None
+
+
 class VideoWriter:
-    """Collects [H, W, 3] uint8 RGB frames into `path` (.mp4: OpenCV "mp4v"; .gif: Pillow).
+    """Collects [H, W, 3] uint8 RGB frames into `path` (.mp4: H.264 through imageio-ffmpeg; .gif: Pillow).
 
     All frames must have the first frame's size. `frames` counts what was written.
     """
@@ -48,7 +54,7 @@ class VideoWriter:
         self.fps = fps
         self.frames = 0
         self._gif: list | None = [] if self.path.suffix.lower() == ".gif" else None
-        self._cv = None
+        self._mp4 = None   # the ffmpeg writer (a generator taking frames)
         self._size = None
         self._closed = False
 
@@ -65,16 +71,16 @@ class VideoWriter:
 
             self._gif.append(Image.fromarray(frame))
         else:
-            import cv2
+            even = np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)), mode="edge")
+            if self._mp4 is None:
+                import imageio_ffmpeg
 
-            if self._cv is None:
                 self._tmp = temporary_beside(self.path)
-                self._cv = cv2.VideoWriter(str(self._tmp), cv2.VideoWriter_fourcc(*"mp4v"), self.fps,
-                                           (frame.shape[1], frame.shape[0]))
-                if not self._cv.isOpened():
-                    raise ConfigError(f"OpenCV cannot write mp4 on this machine (no mp4v encoder); "
-                                      f"record a .gif instead")
-            self._cv.write(np.ascontiguousarray(frame[..., ::-1]))  # OpenCV wants BGR
+                self._mp4 = imageio_ffmpeg.write_frames(
+                    str(self._tmp), (even.shape[1], even.shape[0]), fps=self.fps, codec="libx264",
+                    pix_fmt_in="rgb24", pix_fmt_out="yuv420p", macro_block_size=1, ffmpeg_log_level="error")
+                self._mp4.send(None)   # starts ffmpeg
+            self._mp4.send(np.ascontiguousarray(even))
         self.frames += 1
 
     def close(self) -> Path:
@@ -88,9 +94,9 @@ class VideoWriter:
                 self._gif[0].save(tmp, save_all=True, append_images=self._gif[1:], duration=round(1000 / self.fps),
                                   loop=0)
             self._gif = []
-        elif self._cv is not None:
-            self._cv.release()
-            self._cv = None
+        elif self._mp4 is not None:
+            self._mp4.close()   # ffmpeg finishes the file
+            self._mp4 = None
             os.replace(self._tmp, self.path)
         self._closed = True
         return self.path
@@ -101,6 +107,6 @@ class VideoWriter:
     def __exit__(self, kind, value, tb):
         if kind is None:
             self.close()
-        elif self._cv is not None:
-            self._cv.release()
+        elif self._mp4 is not None:
+            self._mp4.close()
             self._tmp.unlink(missing_ok=True)

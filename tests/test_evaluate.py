@@ -106,17 +106,12 @@ def test_cli_eval_interval(tiny_run, tmp_path, capsys):
 @pytest.mark.parametrize("suffix", [".mp4", ".gif"])
 def test_record_video_of_a_checkpoint(tiny_run, tmp_path, capsys, suffix):
     """`fnrl eval RUN --record-video` writes env 0's first episode: reset frame + one per step."""
-    if suffix == ".mp4":
-        pytest.importorskip("cv2", reason="mp4 output needs the optional opencv-python-headless")
     path = tmp_path / f"episode{suffix}"
     assert main(["eval", str(tiny_run), "--episodes", "2", "--record-video", str(path)]) == 0
     assert str(path) in capsys.readouterr().out
     if suffix == ".mp4":
-        import cv2
-
-        video = cv2.VideoCapture(str(path))
-        frames, (width, height) = video.get(cv2.CAP_PROP_FRAME_COUNT), (video.get(cv2.CAP_PROP_FRAME_WIDTH),
-                                                                         video.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        frames, (width, height), codec = mp4_facts(path)
+        assert codec == "h264"
     else:
         from PIL import Image
 
@@ -128,6 +123,16 @@ def test_record_video_of_a_checkpoint(tiny_run, tmp_path, capsys, suffix):
         frames, (width, height) = round(sum(durations) / round(1000 / 30)), image.size
     assert frames >= 9 and (width, height) == (600, 400)  # a CartPole episode lasts >= 8 steps
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def mp4_facts(path) -> tuple[int, tuple[int, int], str]:
+    """(frames, (width, height), codec) of an mp4, as ffmpeg reads it."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    frames = sum(1 for _ in reader)
+    return frames, tuple(meta["size"]), meta["codec"]
 
 
 def test_record_video_errors(tiny_run, tmp_path, capsys):
@@ -147,3 +152,18 @@ def test_video_writer_checks_frames(tmp_path):
     video.append(np.zeros((4, 6, 3), np.uint8))
     with pytest.raises(ConfigError, match="size changed"):
         video.append(np.zeros((6, 4, 3), np.uint8))
+
+
+def test_capture_video_records_every_evaluation_as_h264(tmp_path, capsys):
+    """`fnrl train --capture-video`: RUN/videos/eval-<env steps>.mp4 per evaluation, H.264."""
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--total-steps", "1024", "--num-envs", "4", "--num-steps", "64", "--no-compile",
+                 "--quiet", "--eval-interval", "512", "--eval-episodes", "2", "--capture-video",
+                 "--log-dir", str(run)]) == 0
+    videos = sorted((run / "videos").iterdir())
+    assert [v.name for v in videos] == ["eval-000000512.mp4", "eval-000001024.mp4"]
+    for video in videos:
+        frames, size, codec = mp4_facts(video)
+        assert codec == "h264" and size == (600, 400) and frames >= 9
+    assert main(["train", "ppo", "--eval-episodes", "0", "--capture-video", "--log-dir", str(tmp_path / "x")]) == 2
+    assert "--capture-video records the evaluations' episodes" in capsys.readouterr().err

@@ -67,8 +67,9 @@ def initial_state(plan, world, agent):
     return world.broadcast_state(state.to(plan.device)), counters
 
 
-def run_evaluation(plan, world, start: int):
-    """The run's evaluations on separate envs (`fnrl.evaluate.RunEvaluation`), on the main process."""
+def run_evaluation(plan, world, start: int, run_dir=None):
+    """The run's evaluations on separate envs (`fnrl.evaluate.RunEvaluation`), on the main process;
+    with `plan.capture_video`, recording into `run_dir / videos`."""
     config = plan.config
     if plan.eval_episodes and plan.eval_interval is None and not envs.known(config.env_id):
         warnings.warn(f"{config.env_id} has no EnvPool or gymnasium env to evaluate on; the run ends without its "
@@ -81,7 +82,13 @@ def run_evaluation(plan, world, start: int):
     rows = plan.rows
     return RunEvaluation(plan.name, [row.config for row in rows] if rows else [config],
                          [row.seed for row in rows] if rows else [plan.seed], plan.eval_episodes,
-                         interval=plan.eval_interval, start=start, device=plan.device)
+                         interval=plan.eval_interval, start=start, device=plan.device,
+                         capture=video_folder(plan, run_dir))
+
+
+def video_folder(plan, run_dir):
+    """Where `--capture-video` writes the evaluations' episodes (None without it)."""
+    return run_dir / "videos" if plan.capture_video and run_dir is not None else None
 
 
 def run_progress(plan, world, run_dir, counters) -> Progress:

@@ -58,6 +58,7 @@ class Plan:
     stop_return: float | None = None
     eval_interval: int | None = None
     eval_episodes: int = 10
+    capture_video: bool = False
     sampler_workers: int | None = None
     cuda_graphs: bool = False
     accel: AccelOptions = dataclasses.field(default_factory=AccelOptions)
@@ -168,6 +169,8 @@ def _check(plan: Plan, world) -> None:
     eval_episodes, eval_interval = plan.eval_episodes, plan.eval_interval
     if not isinstance(eval_episodes, int) or eval_episodes < 0:
         raise ConfigError(f"--eval-episodes must be >= 0 (0 turns the final evaluation off), got {eval_episodes!r}")
+    if plan.capture_video and not eval_episodes:
+        raise ConfigError("--capture-video records the evaluations' episodes; give --eval-episodes >= 1")
     if eval_interval is not None and (not isinstance(eval_interval, int) or eval_interval < 1 or not eval_episodes):
         raise ConfigError(f"--eval-interval must be a positive number of env steps, with --eval-episodes >= 1; got "
                           f"{eval_interval!r} and {eval_episodes!r}")
