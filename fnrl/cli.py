@@ -3,6 +3,7 @@
     fnrl train ALGO [--env ENV_ID] [--preset auto|none] [--total-steps N] [--seed S] [--log-dir DIR]
                     [--device cpu|cuda [--cuda-graphs]] [--compile/--no-compile] [--resume DIR]
                     [--stop-return R] [--eval-episodes K] [--eval-interval N] [--capture-video]
+                    [--track wandb|mlflow]
                     [--sampler serial|alternating|parallel|graph|async [--sampler-workers W]] [--nproc N]
                     [--num-seeds K] [--sweep FIELD=V1,V2,...] [--FIELD V ...]
     fnrl eval CHECKPOINT|POLICY [--episodes N] [--record-video PATH.mp4|PATH.gif] [--row K]
@@ -28,8 +29,8 @@ from fnrl.errors import ConfigError
 from fnrl.presets import CHOICES, configure, describe
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "update_threads", "env_threads",
-                "quiet", "stop_return", "eval_interval", "eval_episodes", "capture_video", "sampler", "num_seeds",
-                "sweep", "nproc", "sampler_workers", "cuda_graphs")
+                "quiet", "stop_return", "eval_interval", "eval_episodes", "capture_video", "track", "sampler",
+                "num_seeds", "sweep", "nproc", "sampler_workers", "cuda_graphs")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -146,6 +147,9 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--capture-video", action="store_true",
                         help="record the first episode of every evaluation to RUN/videos/ (H.264 mp4 with "
                              "pip install \"fnrl[video]\", else gif)")
+    parser.add_argument("--track", default=None, choices=["wandb", "mlflow"],
+                        help="also log the progress rows, config and videos to W&B or MLflow, configured by their "
+                             "own environment variables (pip install \"fnrl[wandb]\" / \"fnrl[mlflow]\")")
     parser.add_argument("--sampler", default=None, metavar="NAME",
                         help="how rollouts are collected: serial, alternating (two EnvPool groups overlapping the "
                              "policy), parallel (worker processes), graph (CartPole-v1, Acrobot-v1, Pendulum-v1, "

@@ -15,11 +15,13 @@ class Logger:
     ones are left empty). On resume (`resumed_at`: the checkpoint's env steps) the CSV is
     continued from the checkpoint: rows logged after it (a run stopped between checkpoints) are
     dropped, and TensorBoard hides its events after that step (`purge_step`), so no step is
-    logged twice.
+    logged twice. `tracker` (`fnrl.run.tracking`) receives each row's scalars too, and is
+    finished on `close()`.
     """
 
-    def __init__(self, log_dir: str | Path, tensorboard: bool = True, resumed_at: int | None = None):
+    def __init__(self, log_dir: str | Path, tensorboard: bool = True, resumed_at: int | None = None, tracker=None):
         self.dir = Path(log_dir)
+        self.tracker = tracker
         self.path = self.dir / "progress.csv"
         self.rows: list[dict] = []
         self._fields: list[str] | None = None
@@ -57,10 +59,14 @@ class Logger:
         self._writer.writerow(row)
         self._file.flush()
         self.rows.append(row)
+        # rows of a vmapped run (fnrl.seeds) carry a `seed` column: one tag prefix per row
+        run_keys = ("seed", *self.group_keys) if "seed" in row else ()
+        if self.tracker is not None:
+            from fnrl.run.tracking import scalars
+
+            self.tracker.log(scalars(row, run_keys), int(row["env_steps"]))
         if self._tb is not None:
             step = int(row["env_steps"])
-            # rows of a vmapped run (fnrl.seeds) carry a `seed` column: one tag prefix per row
-            run_keys = ("seed", *self.group_keys) if "seed" in row else ()
             prefix = "".join(f"{k}={row[k]}/" for k in run_keys if k in row)
             for k, v in row.items():
                 if k != "env_steps" and k not in run_keys and isinstance(v, (int, float)) \
@@ -86,6 +92,9 @@ class Logger:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self.tracker is not None:
+            self.tracker.finish(self.dir)
+            self.tracker = None
 
 
 def interval_rows(shared: dict, episodes: list[dict], evaluations: list[dict] | None, metrics: list[dict],

@@ -67,8 +67,9 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
         threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
         plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
-        eval_episodes: int = 10, capture_video: bool = False, sampler: str | None = None,
-        sampler_workers: int | None = None, num_seeds: int = 1, sweep: dict | None = None, cuda_graphs: bool = False, preset: str | None = None,
+        eval_episodes: int = 10, capture_video: bool = False, track: str | None = None,
+        sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1, sweep: dict | None = None,
+        cuda_graphs: bool = False, preset: str | None = None,
         accel: AccelOptions | None = None, changes: dict | None = None, callbacks=None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`: the plan, then its loop.
 
@@ -99,6 +100,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         `eval_return_mean` and `eval_return_std` (NaN in the other rows) and returned as
         `TrainResult.eval_returns`; 0 turns evaluation off.
     eval_interval: also evaluate at the first log row after every `eval_interval` env steps.
+    track: also send the progress rows, config and videos to "wandb" or "mlflow" (`fnrl.run.tracking`).
     capture_video: record the first episode of every evaluation (row 0's env 0) to
         `RUN/videos/eval-<env steps>.mp4` (H.264, with the `video` extra's imageio-ffmpeg; else .gif).
     sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
@@ -124,7 +126,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
     plan = make_plan(world, name, config, seed=seed, log_dir=log_dir, device=device, compile=compile, quiet=quiet,
                      resume=resume, log_interval=log_interval, checkpoint_every=checkpoint_every, threads=threads,
                      update_threads=update_threads, tensorboard=tensorboard, plot=plot, stop_return=stop_return,
-                     eval_interval=eval_interval, eval_episodes=eval_episodes, capture_video=capture_video,
+                     eval_interval=eval_interval, eval_episodes=eval_episodes, capture_video=capture_video, track=track,
                      sampler=sampler,
                      sampler_workers=sampler_workers, num_seeds=num_seeds, sweep=sweep, cuda_graphs=cuda_graphs,
                      preset=preset, accel=accel, changes=changes, callbacks=callbacks or [])

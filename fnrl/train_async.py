@@ -39,6 +39,7 @@ from fnrl.run.health import TrainingError, check_finite as finite_scalars
 from fnrl.run.progress import Progress
 from fnrl.run.result import TrainResult
 from fnrl.run.stop import StopRequest
+from fnrl.run.tracking import tracker_for
 
 ACT_KEYS = ("params", "obs_rms")
 """State keys an off-policy `act` may read besides env_steps (a module may declare its own `SPEC.act_keys`)."""
@@ -103,7 +104,8 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
     try:
         evaluation = _evaluation(plan, counters["env_steps"], run.run_dir)
         progress = Progress(Logger(run.run_dir, tensorboard=plan.tensorboard,
-                                   resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None),
+                                   resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None,
+                                   tracker=tracker_for(plan, run.run_dir)),
                             f"{plan.name} {config.env_id} async", config.total_steps, quiet=plan.quiet,
                             counters=counters, episodes=ckpt.get("episodes") if ckpt is not None else None)
         log, save = cadences(plan, config.num_steps * config.num_envs, counters["env_steps"])

@@ -24,6 +24,7 @@ from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import check_finite as finite_scalars, stopped_by
 from fnrl.run.progress import Progress
+from fnrl.run.tracking import tracker_for
 from fnrl.run.result import TrainResult
 from fnrl.run.stop import StopRequest
 
@@ -43,7 +44,8 @@ def train_central(plan) -> TrainResult:
     callbacks = run_callbacks(plan, run_dir)
     version = counters["updates"]
     progress = Progress(Logger(run_dir, tensorboard=plan.tensorboard,
-                               resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None),
+                               resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None,
+                               tracker=tracker_for(plan, run_dir)),
                         f"{name} {config.env_id}", config.total_steps, quiet=plan.quiet, counters=counters,
                         episodes=ckpt.get("episodes") if ckpt is not None else None)
     evaluation = None

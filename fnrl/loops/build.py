@@ -15,6 +15,7 @@ from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.run.callbacks import for_run as callbacks_for_run
 from fnrl.run.checkpoint import restore_state
 from fnrl.run.progress import Progress
+from fnrl.run.tracking import tracker_for
 from fnrl.run.threads import update_threads_for
 
 
@@ -95,7 +96,8 @@ def run_progress(plan, world, run_dir, counters) -> Progress:
     """progress.csv (appended to on resume), TensorBoard and the bar; rank 0 writes, the others keep rows."""
     from fnrl.logger import Logger
 
-    logger = Logger(run_dir, tensorboard=plan.tensorboard, resumed_at=_resumed_at(plan)) if world.main else RowsOnly()
+    logger = (Logger(run_dir, tensorboard=plan.tensorboard, resumed_at=_resumed_at(plan),
+                     tracker=tracker_for(plan, run_dir)) if world.main else RowsOnly())
     logger.group_keys = tuple(plan.sweep or ())
     episodes = plan.ckpt.get("episodes") if plan.ckpt is not None else None
     return Progress(logger, f"{plan.name} {plan.config.env_id}", plan.config.total_steps, plan.width, world=world,

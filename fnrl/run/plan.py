@@ -17,6 +17,7 @@ import torch
 from fnrl import algos, samplers
 from fnrl.accel.cudagraphs import check_cuda_graphs
 from fnrl.run.callbacks import check_callbacks
+from fnrl.run.tracking import check_tracker
 from fnrl.accel.options import AccelOptions, resolve
 from fnrl.errors import ConfigError
 from fnrl.run.checkpoint import config_from_json, load_checkpoint
@@ -59,6 +60,8 @@ class Plan:
     eval_interval: int | None = None
     eval_episodes: int = 10
     capture_video: bool = False
+    track: str | None = None
+    """--track: wandb or mlflow (`fnrl.run.tracking`)"""
     sampler_workers: int | None = None
     cuda_graphs: bool = False
     accel: AccelOptions = dataclasses.field(default_factory=AccelOptions)
@@ -160,6 +163,7 @@ def _check(plan: Plan, world) -> None:
     """Every combination check of the run's options, one ConfigError line each."""
     name, sampler, rows = plan.name, plan.sampler, plan.rows
     plan.callbacks = check_callbacks(plan.callbacks, world.size)
+    check_tracker(plan.track)
     check_cuda_graphs(plan.cuda_graphs, device=plan.device, compile=plan.compile, algo=name,
                       off_policy=plan.off_policy, sampler=sampler, central=plan.runtime == "central",
                       single=None if not rows else False)
