@@ -149,3 +149,29 @@ def test_channels_last_images_reach_the_conv_torso_channels_first(tmp_path):
     result = train("ppo", config, log_dir=tmp_path / "run", compile=False, quiet=True, tensorboard=False,
                    plot=False, eval_episodes=1)
     assert result.eval_returns is not None and len(result.eval_returns[0]) == 1
+
+
+def test_an_env_factory_and_a_vector_env_step_as_the_registered_id():
+    """`fnrl.envs.make` takes `lambda: MyEnv()` and a gymnasium vector env (next-step autoreset) too,
+    seeded per env as an id is: the same steps as `make("CartPole-v1", backend="gymnasium")`."""
+    made = [envs.make(lambda: gym.make("CartPole-v1"), 3, seed=[1, 2, 3]),
+            envs.make(gym.make_vec("CartPole-v1", 3, vectorization_mode="sync"), seed=[1, 2, 3]),
+            envs.make("CartPole-v1", 3, seed=[1, 2, 3], backend="gymnasium")]
+    try:
+        assert all(env.spec == made[-1].spec for env in made)
+        first = [env.reset()["obs"] for env in made]
+        assert all(torch.equal(obs, first[-1]) for obs in first)
+        ended = 0
+        for t in range(60):
+            steps = [env.step(torch.tensor([t % 2, 1, 0])) for env in made]
+            for key in ("obs", "reward", "done", "episode_return"):
+                assert all(torch.equal(s[key], steps[-1][key]) for s in steps), (t, key)
+            ended += int(steps[-1]["episode_end"].sum())
+        assert ended >= 1   # the autoresets agree too
+    finally:
+        for env in made:
+            env.close()
+    same_step = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync",
+                             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    with pytest.raises(ConfigError, match="autoreset mode SameStep; fnrl steps next-step autoreset"):
+        envs.make(same_step)

@@ -178,12 +178,16 @@ def _unknown(env_id: str) -> ConfigError:
     )
 
 
-def make(env_id: str, num_envs: int = 1, seed: int | list[int] = 0, *, train: bool = True, backend: str = "auto",
+def make(env_id, num_envs: int = 1, seed: int | list[int] = 0, *, train: bool = True, backend: str = "auto",
          **kwargs) -> BatchedEnv:
     """Create `num_envs` copies of `env_id` stepped together.
 
     env_id: an EnvPool task, a registered gymnasium id, or gymnasium's `module:Env-v0`, which
-        imports `module` first (where a user's env registers itself; `registered_id`).
+        imports `module` first (where a user's env registers itself; `registered_id`); in
+        Python also an env factory (`lambda: MyEnv(...)`, called `num_envs` times with `kwargs`
+        and stepped in-process) or a gymnasium vector env with next-step autoreset (gymnasium's
+        default; `num_envs` is its own). Training runs (`fnrl train`) take ids, which a run can
+        keep in config.json.
     backend: "envpool" (C++ threads), "gymnasium" (any registered gymnasium id, e.g. a
         user's own env, stepped in this thread by `InProcessEnvs`), or "auto": EnvPool for
         every id it knows, except up to 4 classic-control envs, which are faster in-process
@@ -200,9 +204,44 @@ def make(env_id: str, num_envs: int = 1, seed: int | list[int] = 0, *, train: bo
     `env.factory(n, seeds)` builds n more such envs, so envs [lo, hi) of a pool are
     `env.factory(hi - lo, env.seeds[lo:hi])`.
     """
+    if isinstance(env_id, gym.vector.VectorEnv):
+        return _from_vector_env(env_id, seed)
     seeds = env_seed_list(seed, num_envs)
+    if callable(env_id):
+        env = _from_factory(env_id, num_envs, seeds, **kwargs)
+        env.factory, env.seeds = functools.partial(make, env_id, **kwargs), seeds
+        return env
     env = _make(registered_id(env_id), num_envs, seeds, train=train, backend=backend, **kwargs)
     env.factory, env.seeds = functools.partial(make, env_id, train=train, backend=backend, **kwargs), seeds
+    return env
+
+
+def _from_factory(factory, num_envs: int, seeds: list[int], **kwargs) -> BatchedEnv:
+    """`num_envs` envs of `factory(**kwargs)`, stepped in this thread (`InProcessEnvs`)."""
+    name = getattr(factory, "__name__", type(factory).__name__)
+    with _env_kwargs_checked(name, kwargs):
+        raw = InProcessEnvs(factory, num_envs, **kwargs)
+    own = getattr(raw.envs[0], "spec", None)
+    spec = EnvSpec(env_id=getattr(own, "id", None) or name, num_envs=num_envs,
+                   max_episode_steps=getattr(own, "max_episode_steps", None),
+                   **_space_spec(raw.single_observation_space, raw.single_action_space))
+    return BatchedEnv(raw, spec, seed=seeds)
+
+
+def _from_vector_env(vector, seed) -> BatchedEnv:
+    """A gymnasium vector env as a batch (seeded at the first reset, as `make`'s envs are)."""
+    mode = vector.metadata.get("autoreset_mode")
+    if mode is not None and getattr(mode, "value", mode) != "NextStep":
+        raise ConfigError(f"the vector env resets with autoreset mode {getattr(mode, 'value', mode)}; fnrl steps "
+                          "next-step autoreset (gymnasium's default): make it with "
+                          "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.NEXT_STEP}")
+    seeds = env_seed_list(seed, vector.num_envs)
+    own = getattr(vector, "spec", None)
+    spec = EnvSpec(env_id=getattr(own, "id", None) or type(vector).__name__, num_envs=vector.num_envs,
+                   max_episode_steps=getattr(own, "max_episode_steps", None),
+                   **_space_spec(vector.single_observation_space, vector.single_action_space))
+    env = BatchedEnv(vector, spec, seed=seeds)
+    env.seeds = seeds
     return env
 
 

@@ -35,7 +35,8 @@ BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 
 
 class InProcessEnvs:
-    """`num_envs` copies of `gym.make(env_id, **kwargs)` as one batch.
+    """`num_envs` copies of `gym.make(env_id, **kwargs)` (or of `env_id(**kwargs)`, for an env
+    factory) as one batch.
 
     `reset(seed=s)` -> (obs [B, *obs], {}) and `step(actions [B, *action])` ->
     (obs, reward [B] float32, terminated [B] bool, truncated [B] bool, {}). An env that
@@ -50,7 +51,8 @@ class InProcessEnvs:
     """
 
     def __init__(self, env_id: str, num_envs: int, **kwargs):
-        self.envs = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
+        self.envs = [gym.make(env_id, **kwargs) if isinstance(env_id, str) else env_id(**kwargs)
+                     for _ in range(num_envs)]
         self.num_envs = num_envs
         self.single_observation_space = self.envs[0].observation_space
         self.transposed = channels_last(self.single_observation_space)
