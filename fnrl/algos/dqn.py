@@ -38,6 +38,7 @@ from fnrl.distributions import epsilon_greedy
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.nets import call, parameters
+from fnrl.nets.core import check_conv
 from fnrl.nets.q import QNetwork
 
 SWEEPABLE = ("learning_rate", "gamma")
@@ -140,7 +141,8 @@ class Config:
     activation: str = "relu"
     """MLP activation: relu or tanh"""
     conv: str = "nature"
-    """conv torso for image observations: nature or a3c"""
+    """torso: nature or a3c (conv, for image observations), or your own torso factory as module:name
+    (any tensor observation; `fnrl.nets.core.user_torso`)"""
 
 
 VARIANTS: dict[str, dict] = {
@@ -170,8 +172,7 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
         raise ConfigError(f"--optimizer must be adam or rmsprop, got {config.optimizer!r}")
     if config.activation not in ("relu", "tanh"):
         raise ConfigError(f"--activation must be relu or tanh, got {config.activation!r}")
-    if config.conv not in ("nature", "a3c"):
-        raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+    check_conv(config.conv)
     if config.buffer_size < config.batch_size:
         raise ConfigError(f"--buffer-size {config.buffer_size} is smaller than one batch "
                           f"(--batch-size {config.batch_size}); raise the buffer size or lower the batch size")

@@ -38,6 +38,7 @@ from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy
 from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
+from fnrl.nets.core import check_conv
 from fnrl.returns import vtrace
 
 SPEC = AlgorithmSpec(kind="on_policy", runtime="central")
@@ -101,7 +102,8 @@ class Config:
     activation: str = "tanh"
     """MLP activation: tanh or relu"""
     conv: str = "nature"
-    """conv torso for image observations: nature or a3c"""
+    """torso: nature or a3c (conv, for image observations), or your own torso factory as module:name
+    (any tensor observation; `fnrl.nets.core.user_torso`)"""
     init_log_std: float = 0.0
     """initial log standard deviation of continuous actions"""
     core: str = "none"
@@ -130,8 +132,7 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
         raise ConfigError(f"--core must be none, lstm or gru, got {config.core!r}")
     if config.activation not in ("tanh", "relu"):
         raise ConfigError(f"--activation must be tanh or relu, got {config.activation!r}")
-    if config.conv not in ("nature", "a3c"):
-        raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+    check_conv(config.conv)
     if spec is not None and isinstance(spec.obs_shape, dict):
         raise ConfigError(f"impala needs a tensor observation space; {spec.env_id} has dict observations")
 

@@ -42,6 +42,7 @@ from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy
 from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
+from fnrl.nets.core import check_conv
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 from fnrl.returns import gae, reverse_linear_recurrence
 
@@ -112,7 +113,8 @@ class Config:
     activation: str = "tanh"
     """MLP activation: tanh or relu"""
     conv: str = "nature"
-    """conv torso for image observations: nature or a3c"""
+    """torso: nature or a3c (conv, for image observations), or your own torso factory as module:name
+    (any tensor observation; `fnrl.nets.core.user_torso`)"""
     init_log_std: float = 0.0
     """initial log standard deviation of continuous actions"""
     core: str = "none"
@@ -140,8 +142,7 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
         raise ConfigError(f"--penalty must be clip or kl, got {config.penalty!r}")
     if config.activation not in ("tanh", "relu"):
         raise ConfigError(f"--activation must be tanh or relu, got {config.activation!r}")
-    if config.conv not in ("nature", "a3c"):
-        raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+    check_conv(config.conv)
 
 
 def _forward_return(reward, done, gamma, carry):

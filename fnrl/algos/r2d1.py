@@ -40,7 +40,7 @@ from fnrl.distributions import epsilon_greedy
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.nets import call, parameters
-from fnrl.nets.core import encoder, mlp
+from fnrl.nets.core import check_conv, encoder, mlp
 from fnrl.nets.q import scale_gradient
 from fnrl.nets.recurrent import make_core, reset_carry
 from fnrl.returns import n_step_returns, signed_hyperbolic, signed_parabolic
@@ -124,7 +124,8 @@ class Config:
     head_hidden: int = 64
     """hidden size of the value and advantage streams"""
     conv: str = "nature"
-    """conv torso for image observations: nature or a3c"""
+    """torso: nature or a3c (conv, for image observations), or your own torso factory as module:name
+    (any tensor observation; `fnrl.nets.core.user_torso`)"""
 
 
 VARIANTS: dict[str, dict] = {"r2d1": {}}
@@ -140,8 +141,7 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
         raise ConfigError(f"--burn-in must be >= 0, got {config.burn_in}")
     if config.core not in ("lstm", "gru"):
         raise ConfigError(f"--core must be lstm or gru, got {config.core!r}")
-    if config.conv not in ("nature", "a3c"):
-        raise ConfigError(f"--conv must be nature or a3c, got {config.conv!r}")
+    check_conv(config.conv)
     if not 0.0 < config.gamma <= 1.0 or config.tau > 1.0:
         raise ConfigError(f"need --gamma in (0, 1] and --tau in (0, 1], got {config.gamma}, {config.tau}")
     if not 0.0 <= config.priority_eta <= 1.0:

@@ -257,12 +257,52 @@ class Flatten(nn.Module):
         return torch.cat([f.float() for f in flat], -1) if len(flat) > 1 else flat[0].float()
 
 
+CONVS = ("nature", "a3c")
+"""The built-in conv torsos (`NatureCNN`, `A3CConv`)."""
+
+
 def encoder(obs_shape, conv: str = "nature") -> tuple[nn.Module, int] | None:
-    """A conv torso for image observations ([C, H, W]); None for vector ones."""
+    """(torso, feature size): a conv torso for image observations ([C, H, W]), None for vector
+    ones; for `conv` "module:name", the user's torso for any observation (`user_torso`)."""
+    if ":" in conv:
+        return user_torso(conv, obs_shape)
     if len(obs_shape) != 3:
         return None
     torso = {"nature": NatureCNN, "a3c": A3CConv}[conv](obs_shape[0], tuple(obs_shape[1:]))
     return torso, torso.out_dim
+
+
+def user_torso(spec: str, obs_shape) -> tuple[nn.Module, int]:
+    """The torso that the factory `module:name` makes: `factory(obs_shape) -> (module, out_dim)`,
+    the module mapping observations [..., *obs_shape] (in the env's dtype: float32 vectors, uint8
+    frames) to features [..., out_dim]. It takes the built-in torso's place, the algorithm's
+    heads on top (actor and critic heads, Q heads, a recurrent core), and is called functionally
+    (`call`: its parameters and buffers live in the training state). The module is imported by
+    name in every process, so it must be importable there (installed or on PYTHONPATH)."""
+    made = _torso_factory(spec)(tuple(obs_shape))
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)
+            and isinstance(made[1], int)):
+        raise ConfigError(f"torso {spec!r} must return (nn.Module, feature size), got {made!r:.80}")
+    return made
+
+
+def _torso_factory(spec: str):
+    import importlib
+
+    module_name, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"cannot load torso {spec!r} ({type(e).__name__}: {e}); give module:name of a factory "
+                          "importable here (on PYTHONPATH)") from None
+
+
+def check_conv(conv: str) -> None:
+    """ConfigError unless `conv` is a built-in conv torso or an importable `module:name`."""
+    if ":" in conv:
+        _torso_factory(conv)
+    elif conv not in CONVS:
+        raise ConfigError(f"--conv must be nature, a3c or a torso factory module:name, got {conv!r}")
 
 
 class ActorCritic(nn.Module):
