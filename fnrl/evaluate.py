@@ -220,7 +220,7 @@ def evaluate_checkpoint(path, episodes: int = 10, seed: int = 10_000, record_vid
     """Load a checkpoint (file or run folder) and evaluate it; returns (algo name, returns).
 
     row: which row of a vmapped run (--num-seeds / --sweep) to evaluate.
-    record_video: a .mp4 (OpenCV) or .gif (Pillow) path that receives env 0's frames
+    record_video: a .mp4 (H.264 through imageio-ffmpeg) or .gif (Pillow) path that receives env 0's frames
         (`render_mode="rgb_array"`: EnvPool's renderer, or gymnasium's for gymnasium envs)
         of its first `record_episodes` episodes, at `fps` frames per second.
     """

@@ -19,8 +19,9 @@ size, with the observation normalization of the run inside it and the parameters
     action = session.run(None, {session.get_inputs()[0].name: obs})[0]
 
 `obs` is a batch of raw observations as the env returns them (its dtype: float32 for vector
-observations, uint8 for Atari frames); `action` is what the env's `step` takes: int64 [N] for
-discrete actions, float32 [N, D] for continuous ones (SAC / TD3 / DDPG: within the env's
+observations, uint8 for Atari frames; channels-first, as fnrl's env adaptor gives them);
+`action` is what the env's `step` takes: int64 [N] for discrete actions, int64 [N, K] for
+multi-discrete ones, float32 [N, D] for continuous ones (SAC / TD3 / DDPG: within the env's
 bounds; PPO: the Gaussian's mean, which the env clips). Neither file needs fnrl to run. The
 programs serve feed-forward policies of tensor observations; a recurrent policy (`--core`, R2D1)
 or Dict observations are refused with one line. `onnx` needs the `onnx` and `onnxscript`

@@ -93,8 +93,13 @@ class Logger:
         if self._tb is not None:
             self._tb.close()
         if self.tracker is not None:
-            self.tracker.finish(self.dir)
-            self.tracker = None
+            tracker, self.tracker = self.tracker, None
+            try:   # the run's outputs are written; a tracker failing here must not hide why the run ended
+                tracker.finish(self.dir)
+            except Exception as e:   # noqa: BLE001
+                import warnings
+
+                warnings.warn(f"the tracker did not finish its run: {type(e).__name__}: {e}", stacklevel=2)
 
 
 def interval_rows(shared: dict, episodes: list[dict], evaluations: list[dict] | None, metrics: list[dict],

@@ -32,7 +32,7 @@ from fnrl.samplers.serial import SerialSampler
 from fnrl.accel.compiled import make_agent
 from fnrl.loops.off_policy import init_replay
 from fnrl.run.cadence import cadences
-from fnrl.run.callbacks import for_run as run_callbacks
+from fnrl.run.callbacks import for_run as callbacks_for_run
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, resumed_replay, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import TrainingError, check_finite as finite_scalars
@@ -88,7 +88,7 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
     run = _start(plan, sampler_device, max_lead_collects, stall_timeout)
     state, counters, sampler, replay, throttle = run.state, run.counters, run.sampler, run.replay, run.throttle
     last_checkpoint = run.run_dir / CHECKPOINT
-    callbacks = run_callbacks(plan, run.run_dir)
+    callbacks = callbacks_for_run(plan, run.run_dir)
 
     def checkpoint():
         save_checkpoint(last_checkpoint, checkpoint_payload(

@@ -19,7 +19,7 @@ import torch
 from fnrl import envs
 from fnrl.accel.compiled import compile_update
 from fnrl.run.cadence import cadences
-from fnrl.run.callbacks import for_run as run_callbacks
+from fnrl.run.callbacks import for_run as callbacks_for_run
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
 from fnrl.run.folder import prepare_run_dir, release_run_dir, write_config_json
 from fnrl.run.health import check_finite as finite_scalars, stopped_by
@@ -41,7 +41,7 @@ def train_central(plan) -> TrainResult:
     name, config, ckpt = plan.name, plan.config, plan.ckpt
     update, state, counters, sampler, run_dir = _start(plan)
     last_checkpoint = run_dir / CHECKPOINT
-    callbacks = run_callbacks(plan, run_dir)
+    callbacks = callbacks_for_run(plan, run_dir)
     version = counters["updates"]
     progress = Progress(Logger(run_dir, tensorboard=plan.tensorboard,
                                resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None,
@@ -124,7 +124,7 @@ def _start(plan):
     from fnrl.samplers.central import CentralSampler
 
     name, module, config, seed, ckpt = plan.name, plan.module, plan.config, plan.seed, plan.ckpt
-    spec = envs.env_spec(config.env_id, config.num_envs)
+    spec = envs.env_spec(config.env_id, config.num_envs, **config.env_kwargs)
     module.validate(config, spec)
     agent = module.make(config, spec)
     # the inference thread gets its own network modules: functional_call swaps a module's

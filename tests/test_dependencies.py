@@ -6,6 +6,7 @@ dependencies and the `test` extra; inside a test, any extra. The standard librar
 project itself aside, anything else is a package a user's fresh install lacks.
 """
 import ast
+import functools
 import re
 import sys
 import tomllib
@@ -33,8 +34,14 @@ def _declared() -> tuple[set, dict]:
     return names(project["dependencies"]), {k: names(v) for k, v in project["optional-dependencies"].items()}
 
 
+@functools.lru_cache(maxsize=1)
+def _installed() -> dict:
+    """Import name -> distributions, of everything installed (a scan of every package's metadata)."""
+    return packages_distributions()
+
+
 def _distribution(module: str) -> str:
-    installed = packages_distributions().get(module)
+    installed = _installed().get(module)
     return _normalized(installed[0] if installed else DISTRIBUTION_OF.get(module, module))
 
 

@@ -175,3 +175,20 @@ def test_an_env_factory_and_a_vector_env_step_as_the_registered_id():
                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
     with pytest.raises(ConfigError, match="autoreset mode SameStep; fnrl steps next-step autoreset"):
         envs.make(same_step)
+
+
+def test_env_kwargs_reach_impala_and_gymnasium_only_kwargs_step_gymnasiums_env(tmp_path):
+    """IMPALA sizes its network and actors from the same kwargs; a keyword that only gymnasium's
+    version of a task takes (CartPole's sutton_barto_reward) makes "auto" step gymnasium's env."""
+    config, _ = configure("impala", "CartPole-v1", preset="none", total_steps=2048,
+                          env_kwargs={"max_episode_steps": 30})
+    result = train("impala", config, log_dir=tmp_path / "run", compile=False, quiet=True, tensorboard=False,
+                   plot=False, eval_episodes=2)
+    assert max(result.eval_returns[0]) <= 30
+    env = envs.make("CartPole-v1", 8, sutton_barto_reward=True)
+    try:
+        env.reset()
+        assert env.spec.num_actions == 2 and type(env.raw).__name__ == "InProcessEnvs"
+        assert (env.step(torch.zeros(8, dtype=torch.int64))["reward"] == 0).all()   # Sutton & Barto: 0 until the end
+    finally:
+        env.close()

@@ -158,11 +158,11 @@ def _space_spec(obs_space, act_space):
                     action_low=torch.as_tensor(act_space.low, dtype=torch.float32),
                     action_high=torch.as_tensor(act_space.high, dtype=torch.float32))
     if isinstance(act_space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
-        nvec = (tuple(int(n) for n in act_space.nvec) if isinstance(act_space, gym.spaces.MultiDiscrete)
-                else (2,) * int(np.prod(act_space.shape)))
         if len(act_space.shape) != 1 or np.any(getattr(act_space, "start", 0) != 0):
             raise ConfigError(f"action space {act_space} is not supported: fnrl handles 1-d MultiDiscrete / "
                               "MultiBinary actions whose parts start at 0")
+        nvec = (tuple(int(n) for n in act_space.nvec) if isinstance(act_space, gym.spaces.MultiDiscrete)
+                else (2,) * int(act_space.shape[0]))
         return dict(obs_shape=obs_shape, obs_dtype=obs_dtype, action_shape=(len(nvec),), action_dtype=torch.int64,
                     action_nvec=nvec)
     raise ConfigError(f"action space {act_space} is not supported: fnrl handles Discrete, Box, MultiDiscrete and "
@@ -265,6 +265,8 @@ def _make(env_id: str, num_envs: int, seed: list[int], *, train: bool, backend: 
     if backend == "auto" and steps_in_process(env_id, num_envs, kwargs):
         backend = "gymnasium"
     if backend != "gymnasium" and env_id in _envpool_ids():
+        if kwargs and backend == "auto" and env_id in gym.registry and _gymnasium_only(env_id, kwargs):
+            return _make(env_id, num_envs, seed, train=train, backend="gymnasium", **kwargs)
         import envpool
 
         atari = _is_atari(env_id)
@@ -290,13 +292,29 @@ def _make(env_id: str, num_envs: int, seed: list[int], *, train: bool, backend: 
     raise _unknown(env_id)
 
 
+def _gymnasium_only(env_id: str, kwargs: dict) -> bool:
+    """Whether `kwargs` name an argument of gymnasium's `env_id` that EnvPool's version lacks
+    (e.g. CartPole's `sutton_barto_reward`): then "auto" steps gymnasium's env in-process."""
+    import inspect
+
+    entry = gym.spec(env_id).entry_point
+    try:
+        cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        accepted = set(inspect.signature(cls).parameters) | {"max_episode_steps", "render_mode"}
+    except Exception:   # noqa: BLE001 - e.g. gymnasium's MuJoCo envs without mujoco: EnvPool's version then
+        return False
+    envpool_options = {"num_threads", "episodic_life", "reward_clip", "max_episode_steps", "render_mode"}
+    return any(k in accepted and k not in envpool_options for k in kwargs)
+
+
 @contextlib.contextmanager
 def _env_kwargs_checked(env_id: str, kwargs: dict):
-    """A constructor refusing a keyword (`--env-kwargs`) raises TypeError: one ConfigError line."""
+    """A constructor refusing one of `kwargs` (`--env-kwargs`) raises a TypeError naming it: one
+    ConfigError line. Other errors pass unchanged."""
     try:
         yield
     except TypeError as e:
-        if not kwargs:
+        if not any(f"'{key}'" in str(e) for key in kwargs):
             raise
         raise ConfigError(f"{env_id} refused its env kwargs ({e}); give --env-kwargs only arguments its "
                           "constructor takes") from None

@@ -309,7 +309,8 @@ class ActorCritic(nn.Module):
     """Policy and value heads; `forward(obs) -> (policy_out [*, A], value [*])`.
 
     Vector observations: separate actor and critic MLPs (CleanRL's PPO). Image
-    observations: one shared conv torso with two linear heads. Discrete actions: the
+    observations, or any with a torso of the user's (`conv` "module:name", `user_torso`): one
+    shared torso with two linear heads. Discrete actions: the
     policy output is logits; continuous: the Gaussian mean, with a state-independent
     `log_std` parameter [A].
     """

@@ -15,8 +15,10 @@ A callback is any object with some of these methods (each optional):
 `Event` has the algorithm's `name`, its `config`, the run folder `run_dir`, `env_steps` (of the
 whole run), the progress rows just written (`rows`: one per vmapped row, with the columns of
 progress.csv) and the training `state` (a TensorDict: read it, do not change it). An `on_log` or
-`on_eval` returning True stops the run as `--stop-return` does: the checkpoint is written and
-`train` returns. Callbacks run in the training process, between iterations; they see a
+`on_eval` returning True stops the run at that row: the checkpoint is written and `train`
+returns. The row's evaluation, if it has one, is then the run's last (`on_eval` stops right
+after an evaluation; `--stop-return`, decided before the row's evaluation, always gets a final
+one). Callbacks run in the training process, between iterations; they see a
 single-process run (`--nproc` and torchrun runs refuse them).
 
 `KeepBest` is the callback behind `best.pt`: every run that evaluates while it trains
@@ -53,16 +55,16 @@ class KeepBest:
     """Writes the policy file (`fnrl.run.checkpoint.policy_payload`) of the run's state to
     `run_dir / best.pt` at each evaluation whose return (`eval_return_mean`, averaged over a vmapped
     run's rows) beats every earlier one; the file also holds that `eval_return_mean` and `env_steps`.
-    A resumed run starts from the best of its `best.pt`."""
+    A resumed run (`resumed`) starts from the best of its `best.pt`; a new one replaces any."""
 
-    def __init__(self, act_keys):
-        self.act_keys, self.best = act_keys, None
+    def __init__(self, act_keys, resumed: bool = False):
+        self.act_keys, self.best, self.resumed = act_keys, None, resumed
 
     def on_eval(self, event: Event) -> None:
         from fnrl.run.checkpoint import load_checkpoint, policy_payload, save_checkpoint
 
         path = event.run_dir / BEST
-        if self.best is None and path.exists():
+        if self.best is None and self.resumed and path.exists():
             self.best = load_checkpoint(path, policy=True).get("eval_return_mean", -math.inf)
         score = sum(r["eval_return_mean"] for r in event.rows) / len(event.rows)
         if math.isfinite(score) and (self.best is None or score > self.best):
@@ -120,5 +122,6 @@ def for_run(plan, run_dir: Path | None, main: bool = True) -> Callbacks:
     the run evaluates while it trains; none elsewhere."""
     if not main:
         return Callbacks([], plan.name, plan.run_config, run_dir)
-    keep_best = [KeepBest(plan.module.SPEC.act_keys)] if plan.eval_interval and plan.eval_episodes else []
+    keep_best = ([KeepBest(plan.module.SPEC.act_keys, resumed=plan.ckpt is not None)]
+                 if plan.eval_interval and plan.eval_episodes else [])
     return Callbacks(keep_best + list(plan.callbacks), plan.name, plan.run_config, run_dir)

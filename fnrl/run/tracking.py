@@ -5,10 +5,12 @@
 
 Each progress row is logged at its `env_steps` with the same scalars as progress.csv and
 TensorBoard (a vmapped run's rows under `seed_<s>/...`, and `<field>_<value>/...` for a swept
-field; MLflow names take "." for each "/": `loss.policy`, `seed_1.return_mean`); the Config, algorithm, seed and preset are the run's config (W&B) or parameters
-(MLflow); at the end the evaluations' videos (`--capture-video`) are logged as well. The
-tracker's run is named after the run folder, and its id is kept in `RUN/tracking.json`, so a
-resumed run (`--resume`) continues the same tracked run. Each tracker is an optional extra
+field; MLflow names take "." for each "/": `loss.policy`, `seed_1.return_mean`). The Config,
+algorithm, seed and preset are the run's config (W&B) or parameters (MLflow); at the end the
+evaluations' videos (`--capture-video`) are logged as well. The tracker's run is named after the
+run folder, and its id is kept in `RUN/tracking.json`, so a resumed run (`--resume`) continues
+the same tracked run (the rows after its checkpoint, which the resumed run logs again, are logged
+once more: W&B keeps the first, MLflow both). Each tracker is an optional extra
 (`pip install "fnrl[wandb]"` / `"fnrl[mlflow]"`); where and how it stores runs is its own
 configuration (environment variables, login), which fnrl leaves alone.
 """
@@ -39,13 +41,16 @@ def check_tracker(kind: str | None) -> None:
         raise ConfigError(f"--track {kind} needs the {TRACKERS[kind]} package: pip install \"fnrl[{kind}]\"")
 
 
-def open_tracker(kind: str | None, run_dir: Path, name: str, seed: int, config, preset: str | None):
-    """The tracker of `kind` (None: no tracking) for the run in `run_dir`, its run started or resumed."""
+def open_tracker(kind: str | None, run_dir: Path, name: str, seed: int, config, preset: str | None,
+                 resumed: bool = False):
+    """The tracker of `kind` (None: no tracking) for the run in `run_dir`: a new tracked run, or,
+    for a resumed run whose `tracking.json` names one of this tracker, that run continued."""
     if kind is None:
         return None
     params = {"algo": name, "seed": seed, "preset": preset, **dataclasses.asdict(config)}
     state_path = Path(run_dir) / STATE
-    run_id = json.loads(state_path.read_text()).get("run_id") if state_path.exists() else None
+    kept = json.loads(state_path.read_text()) if resumed and state_path.exists() else {}
+    run_id = kept.get("run_id") if kept.get("tracker") == kind else None
     tracker = {"wandb": WandbTracker, "mlflow": MlflowTracker}[kind](Path(run_dir).name, params, run_id)
     state_path.write_text(json.dumps({"tracker": kind, "run_id": tracker.run_id}))
     return tracker
@@ -111,4 +116,5 @@ class MlflowTracker:
 
 def tracker_for(plan, run_dir: Path):
     """`open_tracker` for a plan (`fnrl.run.plan.Plan`: its `track`, name, seed, config and preset)."""
-    return open_tracker(plan.track, run_dir, plan.name, plan.seed, plan.run_config, plan.preset)
+    return open_tracker(plan.track, run_dir, plan.name, plan.seed, plan.run_config, plan.preset,
+                        resumed=plan.ckpt is not None)
