@@ -13,7 +13,7 @@ from tests.learning import assert_most_seeds_reach
 
 
 @pytest.mark.slow
-@pytest.mark.matrix   # 150k env steps of 2 seeds, 15k updates: ~10 CPU-minutes, left out of the default run
+@pytest.mark.matrix   # 150k env steps of 2 seeds, 15k updates: ~9 minutes on 2 cores, left out of the default run
 def test_r2d1_learns_cartpole(tmp_path):
     config, preset = configure("r2d1", "CartPole-v1")
     assert preset == "r2d1/CartPole-v1"
