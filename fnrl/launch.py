@@ -288,6 +288,9 @@ def launch(grid: dict | str | Path, slots: int = 1, dry_run: bool = False, poll:
         Path(grid["root"]).mkdir(parents=True, exist_ok=True)
     running: dict[int, tuple] = {}  # slot -> (run, proc, start time)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C stops the grid even where this process inherited SIGINT ignored or blocked
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         while queue or running:
             for slot in range(slots):
@@ -329,6 +332,7 @@ def launch(grid: dict | str | Path, slots: int = 1, dry_run: bool = False, poll:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     return [outcomes[id(r)] for r in runs]
 
 
