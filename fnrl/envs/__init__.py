@@ -221,11 +221,16 @@ def _from_factory(factory, num_envs: int, seeds: list[int], **kwargs) -> Batched
     name = getattr(factory, "__name__", type(factory).__name__)
     with _env_kwargs_checked(name, kwargs):
         raw = InProcessEnvs(factory, num_envs, **kwargs)
-    own = getattr(raw.envs[0], "spec", None)
-    spec = EnvSpec(env_id=getattr(own, "id", None) or name, num_envs=num_envs,
+    return BatchedEnv(raw, _spec_of(raw, raw.envs[0], name, num_envs), seed=seeds)
+
+
+def _spec_of(batch, env, name: str, num_envs: int) -> EnvSpec:
+    """The EnvSpec of a batch with gymnasium's `single_*_space`s; id and time limit from `env`'s
+    gymnasium spec where it has one (else `name` and none)."""
+    own = getattr(env, "spec", None)
+    return EnvSpec(env_id=getattr(own, "id", None) or name, num_envs=num_envs,
                    max_episode_steps=getattr(own, "max_episode_steps", None),
-                   **_space_spec(raw.single_observation_space, raw.single_action_space))
-    return BatchedEnv(raw, spec, seed=seeds)
+                   **_space_spec(batch.single_observation_space, batch.single_action_space))
 
 
 def _from_vector_env(vector, seed) -> BatchedEnv:
@@ -236,11 +241,7 @@ def _from_vector_env(vector, seed) -> BatchedEnv:
                           "next-step autoreset (gymnasium's default): make it with "
                           "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.NEXT_STEP}")
     seeds = env_seed_list(seed, vector.num_envs)
-    own = getattr(vector, "spec", None)
-    spec = EnvSpec(env_id=getattr(own, "id", None) or type(vector).__name__, num_envs=vector.num_envs,
-                   max_episode_steps=getattr(own, "max_episode_steps", None),
-                   **_space_spec(vector.single_observation_space, vector.single_action_space))
-    env = BatchedEnv(vector, spec, seed=seeds)
+    env = BatchedEnv(vector, _spec_of(vector, vector, type(vector).__name__, vector.num_envs), seed=seeds)
     env.seeds = seeds
     return env
 
