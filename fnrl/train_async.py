@@ -155,8 +155,9 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
                 t = time.perf_counter()
                 sampler.wait_for_data(POLL_S)
                 idle += time.perf_counter() - t
-    except (SamplerError, TimeoutError) as e:
-        raise TrainingError(f"{e}; the last checkpoint is {last_checkpoint}") from None
+    except (SamplerError, TimeoutError) as e:   # during a stop: the stop's exit, with a checkpoint
+        failure = TrainingError(f"{e}; the last checkpoint is {last_checkpoint}")
+        raise stop.or_failure(failure, checkpoint, run.run_dir, counters["env_steps"]) from None
     finally:
         stop.close()
         sampler.stop()

@@ -72,8 +72,9 @@ def train_central(plan) -> TrainResult:
         while counters["env_steps"] < config.total_steps:
             try:
                 batch = sampler.get(config.batch_size)
-            except ActorError as e:
-                raise stopped_by(e, counters["env_steps"], last_checkpoint) from e
+            except ActorError as e:   # during a stop: the stop's exit, with a checkpoint
+                failure = stopped_by(e, counters["env_steps"], last_checkpoint)
+                raise stop.or_failure(failure, checkpoint, run_dir, counters["env_steps"]) from e
             counters["env_steps"] += steps_per_update
             state["env_steps"] += steps_per_update
             lags.append((version - batch["version"])[batch["valid"]])

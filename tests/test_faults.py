@@ -23,7 +23,7 @@ RUNS = {
     "async": ["dqn", "--sampler", "async", "--learning-starts", "1000", "--replay-ratio", "0.02", "--batch-size", "32"],
     "impala": ["impala"],
 }
-EXTEND = 20_000
+EXTEND = 5_000
 """env steps a resumed run adds to the killed run's checkpoint"""
 LINUX = pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
 
@@ -42,7 +42,7 @@ def _workers(kind: str, pid: int) -> list[int]:
 def _start(tmp_path, kind: str) -> tuple[subprocess.Popen, list[int], list[int]]:
     """The run, at a random moment up to 2 s after it has logged a row and written a checkpoint:
     (process, its workers, every process under it)."""
-    cmd = [sys.executable, "-m", "fnrl", "train", *RUNS[kind], "--total-steps", "200000", "--no-compile", "--quiet",
+    cmd = [sys.executable, "-m", "fnrl", "train", *RUNS[kind], "--total-steps", "60000", "--no-compile", "--quiet",
            "--log-dir", "run"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -269,9 +269,11 @@ def test_ppo_preset_solves_cartpole_with_the_graph_sampler(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_dqn_learns_cartpole_with_the_graph_sampler(tmp_path):
     """The DQN family's loop takes the graph sampler's rollouts as any other: dqn's CartPole preset,
-    4 seeds vmapped, judged as the serial learning test judges it (tests/test_learning_dqn.py)."""
+    4 seeds vmapped, judged as the serial learning test judges it (tests/test_learning_dqn.py).
+    In the matrix: the off-policy loop's default learning test through the graph sampler is SAC's."""
     from fnrl.train import train
 
     result = train("dqn", None, seed=0, num_seeds=4, log_dir=tmp_path / "run", quiet=True, tensorboard=False,
@@ -281,28 +283,29 @@ def test_dqn_learns_cartpole_with_the_graph_sampler(tmp_path):
 
 @pytest.mark.slow
 def test_sac_learns_pendulum_with_the_graph_sampler(tmp_path):
-    """sac's Pendulum preset through the graph sampler, seed 0: a final evaluation of >= -250, the
-    serial learning test's threshold (tests/test_learning_qpg.py)."""
+    """sac's Pendulum preset through the graph sampler, 4 seeds vmapped, judged as the serial
+    learning test judges it (tests/test_learning_qpg.py): at most one seed below -250, none below -500."""
     from fnrl.presets import configure
     from fnrl.train import train
 
     config, _ = configure("sac", "Pendulum-v1")
-    result = train("sac", config, seed=0, log_dir=tmp_path / "run", quiet=True, tensorboard=False, plot=False,
-                   sampler="graph")
-    assert final_evaluations(result)[0] >= -250
+    result = train("sac", config, seed=0, num_seeds=4, log_dir=tmp_path / "run", quiet=True, tensorboard=False,
+                   plot=False, sampler="graph")
+    assert_most_seeds_reach(result, -250, floor=-500)
 
 
 @pytest.mark.slow
 def test_recurrent_ppo_learns_cartpole_without_velocities_with_the_graph_sampler(tmp_path):
-    """tests/test_learning_recurrent.py's LSTM run through the graph sampler (eager, as there): a final
-    evaluation of >= 400 on the partially observed fnrl/CartPoleNoVel-v1 after its 200k steps."""
+    """tests/test_learning_recurrent.py's LSTM run through the graph sampler (eager, as there), judged
+    as there: a final evaluation past what a feed-forward policy reaches on the partially observed
+    fnrl/CartPoleNoVel-v1 after its 200k steps."""
     from fnrl.train import train
 
-    from tests.test_learning_recurrent import NOVEL
+    from tests.test_learning_recurrent import LSTM_BAR, NOVEL
 
     result = train("ppo", NOVEL, seed=0, compile=False, quiet=True, tensorboard=False, plot=False,
                    log_dir=tmp_path / "run", sampler="graph")
-    assert final_evaluations(result)[0] >= 400
+    assert final_evaluations(result)[0] >= LSTM_BAR
 
 
 class Walk(functional.FunctionalEnv):

@@ -19,7 +19,7 @@ from fnrl import algos
 from fnrl.run.checkpoint import config_from_json
 from fnrl.run.stop import StopRequest, signals_blocked
 from fnrl.train import load_checkpoint, train
-from tests.processes import descendants, leaked_shared_memory, shared_memory, wait_gone
+from tests.processes import children, descendants, leaked_shared_memory, shared_memory, wait_gone
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = dict(total_steps=24_576, num_envs=4, num_steps=32, update_epochs=1, num_minibatches=1)
@@ -127,7 +127,7 @@ def test_a_sigterm_to_the_process_group_checkpoints_the_run_and_leaves_nothing_b
     workers too: they leave it to the run, which writes its checkpoint at the step it stopped at,
     exits 143 with one line, and leaves no process and no shared memory behind."""
     run, before = tmp_path / "run", shared_memory()
-    cmd = [sys.executable, "-m", "fnrl", "train", *GROUP_RUNS[run_kind], "--total-steps", "5000000", "--no-compile",
+    cmd = [sys.executable, "-m", "fnrl", "train", *GROUP_RUNS[run_kind], "--total-steps", "500000", "--no-compile",
            "--quiet", "--log-dir", str(run)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -151,3 +151,34 @@ def test_a_sigterm_to_the_process_group_checkpoints_the_run_and_leaves_nothing_b
     assert stopped_at >= _csv_steps(run)[0]
     assert wait_gone(everyone) == []
     assert leaked_shared_memory(before) == []
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
+def test_a_worker_that_dies_while_a_stop_is_pending_does_not_cost_the_checkpoint(tmp_path):
+    """The signal may reach a worker's side first (an env's own process, say): a worker that dies
+    while the stop is pending ends the run as the stop would, with its checkpoint and exit 143."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fnrl", "train", *GROUP_RUNS["parallel"], "--total-steps", "500000",
+           "--no-compile", "--quiet", "--log-dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run / "progress.csv").exists() and len(_csv_steps(run)) >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.3)
+        workers = [p for p in descendants(proc.pid) if p not in children(proc.pid)]   # the forkserver's forks
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGSTOP)   # the collect in flight waits for it...
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)      # ...the stop is noted...
+        time.sleep(0.5)
+        os.kill(workers[0], signal.SIGKILL)   # ...and then the worker dies
+        err = proc.communicate(timeout=180)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.startswith("fnrl:")]
+    assert proc.returncode == 128 + signal.SIGTERM and len(lines) == 1, err[-3000:]
+    stopped_at = load_checkpoint(run)["counters"]["env_steps"]
+    assert f"stopped by SIGTERM at env step {stopped_at};" in lines[0] and stopped_at >= _csv_steps(run)[0]

@@ -28,9 +28,8 @@ from fnrl.run.threads import intra_op_threads
 
 def train_serial(plan, world) -> TrainResult:
     """Train `plan` (`fnrl.run.plan.Plan`, runtime "serial") as process `world.rank` of `world`."""
-    config, rows = plan.config, plan.rows
+    config, rows, resumed = plan.config, plan.rows, plan.ckpt is not None
     env, agent, fused = env_and_agent(plan, world)
-    resumed = plan.ckpt is not None
     sampler = samplers.make(plan.sampler, env, agent.act, config.num_steps, device=plan.device,   # its checks
                             agent=(plan.name, config), workers=plan.sampler_workers)        # before the folder
     try:
@@ -113,8 +112,9 @@ def train_serial(plan, world) -> TrainResult:
                     break
                 if stopping:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
                     raise stop.stopped(run_dir, counters["env_steps"] * world.size, signum=stopping)
-        except SamplerError as e:   # a parallel worker died or failed
-            raise stopped_by(e, counters["env_steps"], last_checkpoint) from None
+        except SamplerError as e:   # a parallel worker died or failed (during a stop: the stop's exit)
+            failure, steps = stopped_by(e, counters["env_steps"], last_checkpoint), counters["env_steps"]
+            raise stop.or_failure(failure, checkpoint, run_dir, steps, alone=world.size == 1) from None
         finally:
             steady.release()
             progress.close()
@@ -131,9 +131,7 @@ def train_serial(plan, world) -> TrainResult:
 def _stop_agreed(stop: StopRequest, world) -> int:
     """The signal that stops the run at this iteration, 0 for none: one that reached this process
     or, with several ranks, any rank (one all-reduce), so that every rank stops at the same step."""
-    if world.size == 1:
-        return stop.signum or 0
-    return int(world.max([float(stop.signum or 0)])[0])
+    return (stop.signum or 0) if world.size == 1 else int(world.max([float(stop.signum or 0)])[0])
 
 
 def _metric_rows(plan, metrics, scalars: dict) -> list[dict]:

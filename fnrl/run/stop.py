@@ -16,7 +16,10 @@ A run's worker processes (sampler workers, the async sampler, IMPALA's actors) c
 `leave_signals_to_parent()`: Ctrl-C and a scheduler's SIGTERM reach the whole process group,
 and a worker killed by them would take the run down before its checkpoint. The parent stops its
 workers itself (their stop flag or pipe), and each also exits when its parent is gone. A helper
-process that is the workers' parent (the forkserver) starts inside `signals_blocked()`.
+process that is the workers' parent (the forkserver) starts inside `signals_blocked()`. A
+worker that dies anyway while a stop is pending (a process of the user's env, say, that the
+signal reached first) does not cost the checkpoint: the loop writes it from the state of the
+last finished iteration and stops as the signal asked.
 """
 from __future__ import annotations
 
@@ -98,6 +101,16 @@ class StopRequest:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def or_failure(self, failure: Exception, checkpoint, run_dir, env_steps: int, alone: bool = True) -> BaseException:
+        """What a loop raises when a worker fails: `failure`, or, with a stop pending (the signal
+        reached a worker first), the stop itself once `checkpoint()` has written the state of the
+        last finished iteration (module docstring). A rank of several (`alone=False`) gets the
+        failure: the other ranks cannot agree on the stop with it any more."""
+        if not (self.requested and alone):
+            return failure
+        checkpoint()
+        return self.stopped(run_dir, env_steps)
 
     def stopped(self, run_dir, env_steps: int, signum: int | None = None) -> RunStopped:
         """The RunStopped to raise once the checkpoint at `env_steps` is written; `signum`: the
