@@ -70,6 +70,17 @@ def test_aot_functions_that_differ_only_inside_a_scan_body_are_different_models(
     assert len(list((tmp_path / "aoti").glob("*.pt2"))) == 2
 
 
+def test_a_package_is_keyed_by_the_cpus_vector_isa(monkeypatch):
+    """A package built for one vector ISA (AVX-512) must not load on a host without it (AVX2) that
+    shares the cache folder: the ISA is part of the key."""
+    program = torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(1, 2),))
+    keys = set()
+    for isa in ("AVX512", "AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda isa=isa: isa)
+        keys.add(aot._package_key(program, {}))
+    assert len(keys) == 2
+
+
 def test_aot_serves_the_cpu_only(monkeypatch):
     """AOTInductor models serve CPU calls; CUDA calls go through torch.compile (a CUDA model's
     load crashed the process on an H200, and CUDA graphs do the models' job there)."""

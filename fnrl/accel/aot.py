@@ -22,7 +22,7 @@ recurrent carry, or an `act` that cannot be exported) goes to `fallback`, e.g. t
 
 Compiled packages are cached on disk (`FNRL_CACHE_DIR`, default `~/.cache/fnrl`, under
 `aoti/`), keyed by the exported graph, its constants, the input shapes and dtypes, the
-Inductor options and the torch version, so a second run of the same policy loads in
+Inductor options, the torch version and the CPU's vector ISA, so a second run of the same policy loads in
 about a second instead of compiling for ~20 s. Randomness: the compiled model draws from
 torch's global generator; with Inductor's `fallback_random` option it draws exactly what
 eager `act` draws under the same seed.
@@ -36,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import platform
 import tempfile
 import warnings
 from pathlib import Path
@@ -77,11 +78,14 @@ class _Flat(torch.nn.Module):
 
 
 def _package_key(program: torch.export.ExportedProgram, options: dict) -> str:
-    """The program's identity: torch version, options, the code of its graph and of every
-    subgraph (a scan's body, a cond's branches: programs that differ only there are different
-    models), its inputs' shapes, strides and dtypes, and its constants' values."""
+    """The program's identity: torch version, the CPU's architecture and vector ISA (a cache in a
+    home folder shared by hosts of several CPU kinds serves each its own package), options, the
+    code of its graph and of every subgraph (a scan's body, a cond's branches: programs that
+    differ only there are different models), its inputs' shapes, strides and dtypes, and its
+    constants' values."""
     h = hashlib.sha256()
-    h.update(f"{torch.__version__}|{sorted(options.items())}".encode())
+    cpu = f"{platform.machine()}|{torch.backends.cpu.get_cpu_capability()}"
+    h.update(f"{torch.__version__}|{cpu}|{sorted(options.items())}".encode())
     for name, module in program.graph_module.named_modules():
         if isinstance(module, torch.fx.GraphModule):
             h.update(f"|{name}|{module.code}".encode())
