@@ -6,10 +6,9 @@ exploration (10 episodes on separate envs): at most one seed below the bar, none
 The bars sit under what every tuning seed of the preset reached (`fnrl/presets`' notes), so a
 working variant passes on other hardware too; the 50k-step variants run 4 seeds, the 100k-step ones
 2. All but dqn carry the `matrix` marker (`python -m pytest -m matrix`; about 21 CPU-minutes between
-them, so the default run leaves them out, and keeps under CI's time; their 8-seed cells are in
-`fnrl bench --learning`). Atari: the
-Nature-CNN path of dqn and rainbow (frame-deduplicated, n-step, prioritized replay) runs a few
-hundred Pong steps with finite losses.
+them, so the default run leaves them out and keeps under CI's time; their 8-seed cells are in
+`fnrl bench --learning`). Atari: the Nature-CNN path of dqn and rainbow (frame-deduplicated,
+n-step, prioritized replay) runs a few hundred Pong steps with finite losses.
 """
 import dataclasses
 import math
@@ -23,8 +22,9 @@ from tests.learning import assert_most_seeds_reach
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant, seeds, bar", [("dqn", 4, 450), pytest.param("qrdqn", 4, 450, marks=pytest.mark.matrix)]
-                         + [pytest.param(v, 2, 400, marks=pytest.mark.matrix) for v in ("c51", "rainbow", "iqn")])
+@pytest.mark.parametrize("variant, seeds, bar", [("dqn", 4, 450)] + [
+    pytest.param(v, seeds, bar, marks=pytest.mark.matrix)
+    for v, seeds, bar in [("qrdqn", 4, 450), ("c51", 2, 400), ("rainbow", 2, 400), ("iqn", 2, 400)]])
 def test_learns_cartpole_on_several_seeds(variant, seeds, bar, tmp_path):
     config, preset = configure(variant, "CartPole-v1")
     assert preset == f"{variant}/CartPole-v1"
