@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 from types import ModuleType
 
 from fnrl.algos.spec import AlgorithmSpec, check_module
