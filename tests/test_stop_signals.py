@@ -120,6 +120,24 @@ GROUP_RUNS = {
 }
 
 
+def _start_logging_run(tmp_path, run_kind: str) -> subprocess.Popen:
+    """`fnrl train` of GROUP_RUNS[run_kind] into tmp_path/run, in a process group of its own, once
+    it has logged its first row."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fnrl", "train", *GROUP_RUNS[run_kind], "--total-steps", "500000", "--no-compile",
+           "--quiet", "--log-dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 300
+    while not ((run / "progress.csv").exists() and len(_csv_steps(run)) >= 1):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the run did not start: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.3)
+    return proc
+
+
 @pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
 @pytest.mark.parametrize("run_kind", list(GROUP_RUNS))
 def test_a_sigterm_to_the_process_group_checkpoints_the_run_and_leaves_nothing_behind(tmp_path, run_kind):
@@ -127,15 +145,8 @@ def test_a_sigterm_to_the_process_group_checkpoints_the_run_and_leaves_nothing_b
     workers too: they leave it to the run, which writes its checkpoint at the step it stopped at,
     exits 143 with one line, and leaves no process and no shared memory behind."""
     run, before = tmp_path / "run", shared_memory()
-    cmd = [sys.executable, "-m", "fnrl", "train", *GROUP_RUNS[run_kind], "--total-steps", "500000", "--no-compile",
-           "--quiet", "--log-dir", str(run)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = _start_logging_run(tmp_path, run_kind)
     try:
-        deadline = time.monotonic() + 300
-        while not ((run / "progress.csv").exists() and len(_csv_steps(run)) >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-            time.sleep(0.3)
         everyone = descendants(proc.pid)
         assert everyone, "the run has no worker processes"
         os.killpg(proc.pid, signal.SIGTERM)
@@ -158,15 +169,8 @@ def test_a_worker_that_dies_while_a_stop_is_pending_does_not_cost_the_checkpoint
     """The signal may reach a worker's side first (an env's own process, say): a worker that dies
     while the stop is pending ends the run as the stop would, with its checkpoint and exit 143."""
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fnrl", "train", *GROUP_RUNS["parallel"], "--total-steps", "500000",
-           "--no-compile", "--quiet", "--log-dir", str(run)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = _start_logging_run(tmp_path, "parallel")
     try:
-        deadline = time.monotonic() + 300
-        while not ((run / "progress.csv").exists() and len(_csv_steps(run)) >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-            time.sleep(0.3)
         workers = [p for p in descendants(proc.pid) if p not in children(proc.pid)]   # the forkserver's forks
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGSTOP)   # the collect in flight waits for it...
