@@ -138,6 +138,28 @@ def _start_logging_run(tmp_path, run_kind: str) -> subprocess.Popen:
     return proc
 
 
+def _stop(proc: subprocess.Popen, stop) -> str:
+    """Call `stop()`, which signals the run, and wait for the run to end: its stderr. The run's
+    process group is killed if it is still there (a failed assertion)."""
+    try:
+        stop()
+        return proc.communicate(timeout=180)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _assert_stopped_by_sigterm(proc: subprocess.Popen, err: str, run: pathlib.Path) -> None:
+    """Exit 143 and one line naming the env step of the checkpoint written (all ranks' steps), at
+    or past the first logged row."""
+    lines = [line for line in err.splitlines() if line.startswith("fnrl:")]
+    assert proc.returncode == 128 + signal.SIGTERM and len(lines) == 1, err[-3000:]
+    ckpt = load_checkpoint(run)
+    stopped_at = ckpt["counters"]["env_steps"] * (ckpt.get("world_size") or 1)
+    assert f"stopped by SIGTERM at env step {stopped_at};" in lines[0], err[-3000:]
+    assert stopped_at >= _csv_steps(run)[0]
+
+
 @pytest.mark.skipif(not pathlib.Path("/proc/self/task").exists(), reason="reads processes from Linux's /proc")
 @pytest.mark.parametrize("run_kind", list(GROUP_RUNS))
 def test_a_sigterm_to_the_process_group_checkpoints_the_run_and_leaves_nothing_behind(tmp_path, run_kind):
@@ -146,20 +168,9 @@ def test_a_sigterm_to_the_process_group_checkpoints_the_run_and_leaves_nothing_b
     exits 143 with one line, and leaves no process and no shared memory behind."""
     run, before = tmp_path / "run", shared_memory()
     proc = _start_logging_run(tmp_path, run_kind)
-    try:
-        everyone = descendants(proc.pid)
-        assert everyone, "the run has no worker processes"
-        os.killpg(proc.pid, signal.SIGTERM)
-        err = proc.communicate(timeout=180)[1]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    lines = [line for line in err.splitlines() if line.startswith("fnrl:")]
-    assert proc.returncode == 128 + signal.SIGTERM and len(lines) == 1, err[-3000:]
-    ckpt = load_checkpoint(run)
-    stopped_at = ckpt["counters"]["env_steps"] * (ckpt.get("world_size") or 1)   # all ranks' steps
-    assert f"stopped by SIGTERM at env step {stopped_at};" in lines[0], err[-3000:]
-    assert stopped_at >= _csv_steps(run)[0]
+    everyone = descendants(proc.pid)
+    _assert_stopped_by_sigterm(proc, _stop(proc, lambda: os.killpg(proc.pid, signal.SIGTERM)), run)
+    assert everyone, "the run has no worker processes"
     assert wait_gone(everyone) == []
     assert leaked_shared_memory(before) == []
 
@@ -170,7 +181,8 @@ def test_a_worker_that_dies_while_a_stop_is_pending_does_not_cost_the_checkpoint
     while the stop is pending ends the run as the stop would, with its checkpoint and exit 143."""
     run = tmp_path / "run"
     proc = _start_logging_run(tmp_path, "parallel")
-    try:
+
+    def stop_then_kill_a_worker():
         workers = [p for p in descendants(proc.pid) if p not in children(proc.pid)]   # the forkserver's forks
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGSTOP)   # the collect in flight waits for it...
@@ -178,11 +190,5 @@ def test_a_worker_that_dies_while_a_stop_is_pending_does_not_cost_the_checkpoint
         proc.send_signal(signal.SIGTERM)      # ...the stop is noted...
         time.sleep(0.5)
         os.kill(workers[0], signal.SIGKILL)   # ...and then the worker dies
-        err = proc.communicate(timeout=180)[1]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    lines = [line for line in err.splitlines() if line.startswith("fnrl:")]
-    assert proc.returncode == 128 + signal.SIGTERM and len(lines) == 1, err[-3000:]
-    stopped_at = load_checkpoint(run)["counters"]["env_steps"]
-    assert f"stopped by SIGTERM at env step {stopped_at};" in lines[0] and stopped_at >= _csv_steps(run)[0]
+
+    _assert_stopped_by_sigterm(proc, _stop(proc, stop_then_kill_a_worker), run)
