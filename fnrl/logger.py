@@ -16,7 +16,9 @@ class Logger:
     continued from the checkpoint: rows logged after it (a run stopped between checkpoints) are
     dropped, and TensorBoard hides its events after that step (`purge_step`), so no step is
     logged twice. `tracker` (`fnrl.run.tracking`) receives each row's scalars too, and is
-    finished on `close()`.
+    finished on `close()`. Videos of the run's evaluations (`RUN/videos/eval-<env steps>.mp4|gif`,
+    `--capture-video`) go to TensorBoard as they appear, as small animated GIFs under
+    `videos/eval` at their env steps (`fnrl.video.preview_gif`).
     """
 
     def __init__(self, log_dir: str | Path, tensorboard: bool = True, resumed_at: int | None = None, tracker=None):
@@ -39,6 +41,7 @@ class Logger:
         self._file = open(self.path, "a" if resumed else "w", newline="")
         self._writer = None if self._fields is None else csv.DictWriter(self._file, self._fields, extrasaction="ignore")
         self._tb = None
+        self._videos_after = resumed_at if resumed else -1   # env steps of the last video sent to TensorBoard
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -72,6 +75,26 @@ class Logger:
                 if k != "env_steps" and k not in run_keys and isinstance(v, (int, float)) \
                         and not (isinstance(v, float) and math.isnan(v)):
                     self._tb.add_scalar(prefix + k, v, step)
+            self._send_videos()
+
+    def _send_videos(self) -> None:
+        """Each evaluation video written since the last call, to TensorBoard (an image summary of
+        an animated GIF: what `SummaryWriter.add_video` writes, without its moviepy dependency)."""
+        from fnrl.video import preview_gif
+
+        new = {}
+        for path in (self.dir / "videos").glob("eval-*.*"):
+            steps = path.stem.removeprefix("eval-")
+            if steps.isdigit() and int(steps) > self._videos_after and path.suffix in (".mp4", ".gif"):
+                new[int(steps)] = path
+        for steps in sorted(new):
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            gif, height, width = preview_gif(new[steps])
+            image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+            self._tb._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="videos/eval", image=image)]),
+                                                    steps)
+            self._videos_after = steps
 
     group_keys: tuple = ()
     """columns that tell settings apart in a vmapped sweep (fnrl.seeds); set by the loop"""

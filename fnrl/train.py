@@ -102,7 +102,8 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
     eval_interval: also evaluate at the first log row after every `eval_interval` env steps.
     track: also send the progress rows, config and videos to "wandb" or "mlflow" (`fnrl.run.tracking`).
     capture_video: record the first episode of every evaluation (row 0's env 0) to
-        `RUN/videos/eval-<env steps>.mp4` (H.264, with the `video` extra's imageio-ffmpeg; else .gif).
+        `RUN/videos/eval-<env steps>.mp4` (H.264, with the `video` extra's imageio-ffmpeg; else .gif),
+        and to TensorBoard (`videos/eval`, as animated GIFs).
     sampler: how rollouts are collected: a name of fnrl.samplers (serial, alternating,
         parallel, graph: the env's dynamics in torch, compiled with the policy into one call per
         rollout, for the envs of fnrl.envs.functional: CartPole, Acrobot, Pendulum, MountainCar),

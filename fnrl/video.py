@@ -4,9 +4,10 @@
         for frame in frames:          # [H, W, 3] uint8 RGB
             video.append(frame)
 
-mp4 frames stream to an ffmpeg process as they come (H.264, yuv420p: what browsers and
-TensorBoard play; frames of odd size get an edge row / column repeated); a GIF is written on
-`close()`. mp4 needs the `video` extra (imageio-ffmpeg, which brings its own ffmpeg binary).
+mp4 frames stream to an ffmpeg process as they come (H.264, yuv420p: what browsers play; frames
+of odd size get an edge row / column repeated); a GIF is written on `close()`. mp4 needs the
+`video` extra (imageio-ffmpeg, which brings its own ffmpeg binary). `preview_gif` makes a small
+animated GIF of a written video, the form TensorBoard's image dashboard plays.
 """
 from __future__ import annotations
 
@@ -110,3 +111,40 @@ class VideoWriter:
         elif self._mp4 is not None:
             self._mp4.close()
             self._tmp.unlink(missing_ok=True)
+
+
+def read_frames(path: str | Path):
+    """The [H, W, 3] uint8 RGB frames of a video that `VideoWriter` wrote (.mp4 or .gif), one at a time."""
+    path = Path(path)
+    if path.suffix.lower() == ".gif":
+        from PIL import Image, ImageSequence
+
+        with Image.open(path) as image:
+            for frame in ImageSequence.Iterator(image):
+                yield np.asarray(frame.convert("RGB"))
+        return
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(str(path))
+    width, height = next(reader)["size"]
+    for data in reader:
+        yield np.frombuffer(data, np.uint8).reshape(height, width, 3)
+
+
+def preview_gif(path: str | Path, max_side: int = 160, max_frames: int = 250) -> tuple[bytes, int, int]:
+    """(GIF bytes, height, width): the video at `path`, shrunk by an integer stride to at most
+    `max_side` pixels a side and to at most `max_frames` frames (every k-th frame, played k times
+    slower, so the preview lasts as long as the video)."""
+    import io
+
+    from PIL import Image
+
+    frames = list(read_frames(path))
+    if not frames:
+        raise ConfigError(f"{path} holds no frames")
+    stride = -(-max(frames[0].shape[:2]) // max_side)
+    every = -(-len(frames) // max_frames)
+    small = [Image.fromarray(np.ascontiguousarray(f[::stride, ::stride])) for f in frames[::every]]
+    out = io.BytesIO()
+    small[0].save(out, format="GIF", save_all=True, append_images=small[1:], duration=round(1000 * every / 30), loop=0)
+    return out.getvalue(), small[0].height, small[0].width

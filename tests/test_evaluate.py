@@ -1,6 +1,7 @@
 """Evaluation: the final evaluation of every run, online evaluation (eval_interval) and offline (Evaluator)."""
 import csv
 import dataclasses
+import io
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ from fnrl.cli import main
 from fnrl.errors import ConfigError
 from fnrl.evaluate import Evaluator, RunEvaluation
 from fnrl.train import train
-from fnrl.video import VideoWriter
+from fnrl.video import VideoWriter, preview_gif, read_frames
 
 TINY = dict(total_steps=1024, num_envs=4, num_steps=32, update_epochs=1)
 
@@ -154,8 +155,24 @@ def test_video_writer_checks_frames(tmp_path):
         video.append(np.zeros((6, 4, 3), np.uint8))
 
 
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_preview_gif_shrinks_a_video_by_a_stride_and_keeps_its_length(tmp_path, suffix):
+    path = tmp_path / f"v{suffix}"
+    with VideoWriter(path, fps=30) as video:
+        for t in range(600):
+            video.append(np.full((200, 330, 3), t % 256, np.uint8))
+    assert sum(1 for _ in read_frames(path)) == 600
+    gif, height, width = preview_gif(path, max_side=160, max_frames=250)
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(gif))
+    assert (height, width) == (image.height, image.width) == (67, 110)   # stride 3
+    assert image.n_frames == 200 and image.info["duration"] == 100       # every 3rd frame, 3x as long
+
+
 def test_capture_video_records_every_evaluation_as_h264(tmp_path, capsys):
-    """`fnrl train --capture-video`: RUN/videos/eval-<env steps>.mp4 per evaluation, H.264."""
+    """`fnrl train --capture-video`: RUN/videos/eval-<env steps>.mp4 per evaluation, H.264, and in
+    TensorBoard."""
     run = tmp_path / "run"
     assert main(["train", "ppo", "--total-steps", "1024", "--num-envs", "4", "--num-steps", "64", "--no-compile",
                  "--quiet", "--eval-interval", "512", "--eval-episodes", "2", "--capture-video",
@@ -165,5 +182,11 @@ def test_capture_video_records_every_evaluation_as_h264(tmp_path, capsys):
     for video in videos:
         frames, size, codec = mp4_facts(video)
         assert codec == "h264" and size == (600, 400) and frames >= 9
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={IMAGES: 0}).Reload()
+    previews = events.Images("videos/eval")   # the same episodes in TensorBoard, as animated GIFs
+    assert [p.step for p in previews] == [512, 1024]
+    assert all(p.encoded_image_string.startswith(b"GIF8") and (p.width, p.height) == (150, 100) for p in previews)
     assert main(["train", "ppo", "--eval-episodes", "0", "--capture-video", "--log-dir", str(tmp_path / "x")]) == 2
     assert "--capture-video records the evaluations' episodes" in capsys.readouterr().err

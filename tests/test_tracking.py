@@ -68,6 +68,19 @@ def test_mlflow_names_a_vmapped_runs_scalars_by_seed(tmp_path, monkeypatch):
     assert got.keys() == expected.keys() and all(got[k] == pytest.approx(v) for k, v in expected.items())
 
 
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """W&B in offline mode, writing under tmp_path; its process-wide settings are torn down after."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
 def _wandb_history(folder) -> dict:
     """{(metric, step): value} of the history records of an offline W&B run's .wandb file (a
     LevelDB-format log of protobuf records after a 7-byte header)."""
@@ -94,12 +107,23 @@ def _wandb_history(folder) -> dict:
     return out
 
 
-def test_wandb_offline_run_holds_the_progress_scalars(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_wandb_offline_run_holds_the_progress_scalars(tmp_path, offline_wandb):
     run = tmp_path / "run"
     _train(run, "wandb")
     got, expected = _wandb_history(tmp_path), _expected(_progress(run))
     assert ("loss/policy", 2048) in expected and ("eval_return_mean", 2048) in expected
     assert got.keys() == expected.keys() and all(got[k] == pytest.approx(v) for k, v in expected.items())
+
+
+def test_wandb_offline_run_holds_the_evaluation_videos(tmp_path, offline_wandb):
+    run = tmp_path / "run"
+    _train(run, "wandb", capture_video=True)
+    videos: dict = {}   # the history's nested keys: videos/<name>/<field>
+    for (k, _), v in _wandb_history(tmp_path).items():
+        if k.startswith("videos/"):
+            name, _, field = k.rpartition("/")
+            videos.setdefault(name, {})[field] = v
+    assert sorted(videos) == ["videos/eval-000001024", "videos/eval-000002048"]
+    assert all(v["_type"] == "video-file" and v["path"].endswith(".mp4") for v in videos.values())
+    (media,) = tmp_path.glob("wandb/offline-run-*/files/media/videos")
+    assert len(list(media.rglob("*.mp4"))) == 2
