@@ -1,15 +1,22 @@
-"""A torso of your own (`--conv module:name`, `fnrl.nets.core.user_torso`) in place of the
-built-in one: trained with the heads, rebuilt from config.json by eval, refused clearly when it
-cannot be loaded."""
+"""A torso of your own (`--conv module:name`, `make(config, spec, network=...)`,
+`fnrl.nets.core.user_torso`) in place of the built-in one: trained with the heads, rebuilt from
+config.json by eval, refused clearly when it cannot be loaded."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
+from experiments.custom_torso import ResidualMLP, residual_mlp
+from fnrl import envs
+from fnrl.algos import a2c, dqn, impala, ppo, qpg, r2d1
 from fnrl.errors import ConfigError
 from fnrl.evaluate import evaluate_checkpoint
 from fnrl.presets import configure
 from fnrl.train import train
+from fnrl.samplers.serial import SerialSampler
+from tests import test_dqn, test_qpg, test_r2d1
 from tests.learning import final_evaluations
 
 TORSO = "experiments.custom_torso:residual_mlp"
@@ -46,3 +53,72 @@ def test_a_torso_that_cannot_be_loaded_or_made_is_one_clear_error():
     config, _ = configure("ppo", "Pong-v5", conv=TORSO)   # the factory refuses image observations
     with pytest.raises(ValueError, match="residual_mlp takes vector observations"):
         train("ppo", config, compile=False, quiet=True, log_dir=None)
+
+
+def _on_policy_case(module):
+    env = envs.make("CartPole-v1", 4, seed=0)
+    config = dataclasses.replace(module.Config(), num_envs=4, num_steps=16)
+
+    def batch(agent, state):
+        return SerialSampler(env, agent.act, config.num_steps).collect(state).clone()
+    return config, env.spec, batch
+
+
+def _case(name):
+    """(module, config, env spec, batch(agent, state)) of one algorithm, the batch its update takes."""
+    if name in ("ppo", "a2c", "impala"):
+        module = {"ppo": ppo, "a2c": a2c, "impala": impala}[name]
+        return (module, *_on_policy_case(module))
+    if name == "dqn":
+        return dqn, test_dqn.config(), test_dqn.SPEC, lambda agent, state: test_dqn.make_batch()
+    if name == "r2d1":
+        config = test_r2d1.config()
+        return r2d1, config, test_r2d1.SPEC, lambda agent, state: test_r2d1.make_batch(config)
+    spec = test_qpg.make_spec()
+    return qpg, test_qpg.config("sac"), spec, lambda agent, state: test_qpg.batch(spec=spec)
+
+
+def _torso_leaves(params) -> dict:
+    """The torso's parameters (every "blocks" leaf; the actor's and each critic's for SAC)."""
+    return {k: v for k, v in params.items(include_nested=True, leaves_only=True) if "blocks" in k}
+
+
+@pytest.mark.parametrize("name", ["ppo", "a2c", "impala", "dqn", "r2d1", "sac"])
+def test_make_takes_a_users_network_and_its_update_trains_it(name):
+    """`make(config, spec, network=...)` with a factory or an nn.Module: the torso's parameters
+    live in the state, a factory builds the same network as its `--conv module:name`, an
+    instance's weights are every init's, and one update moves the torso with the heads."""
+    module, config, spec, batch = _case(name)
+    agent = module.make(config, spec, network=residual_mlp)
+    state = agent.init(0)
+    torso = _torso_leaves(state["params"])
+    assert len(torso) >= 8, list(state["params"].keys(True, True))
+    if hasattr(config, "conv"):   # the same network as the factory given by name, from the same seed
+        named = module.make(dataclasses.replace(config, conv=TORSO), spec).init(0)["params"]
+        assert all(torch.equal(v, named[k]) for k, v in state["params"].items(True, True))
+    new_state, metrics = agent.update(state, batch(agent, state))
+    moved = _torso_leaves(new_state["params"])
+    assert any(not torch.equal(moved[k], v) for k, v in torso.items())
+    assert all(torch.isfinite(v).all() for v in moved.values())
+
+    pretrained = ResidualMLP(spec.obs_shape[0])
+    with torch.no_grad():
+        pretrained.blocks[1][1].weight.fill_(0.25)
+    state = module.make(config, spec, network=pretrained).init(1)
+    weights = [v for k, v in _torso_leaves(state["params"]).items() if k[-4:] == ("blocks", "1", "1", "weight")]
+    assert weights and all(torch.equal(w, torch.full_like(w, 0.25)) for w in weights)
+    assert pretrained.blocks[1][1].weight.requires_grad   # the user's module is left as it was
+
+
+def test_a_network_given_to_make_that_makes_no_module_is_one_clear_error():
+    spec = envs.make("CartPole-v1", 2, seed=0).spec
+    with pytest.raises(ConfigError, match="must return .nn.Module, feature size. or an nn.Module"):
+        ppo.make(ppo.Config(), spec, network=lambda obs_shape: "not a module")
+    with pytest.raises(ConfigError, match="--conv must be nature, a3c or a torso factory"):
+        ppo.make(dataclasses.replace(ppo.Config(), conv=residual_mlp), spec)
+
+
+def test_the_examples_hand_written_loop_trains_ppo_with_a_network_given_to_make():
+    from experiments.custom_torso import main
+
+    assert 5 <= main(total_steps=4096) <= 500

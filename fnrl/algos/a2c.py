@@ -92,10 +92,17 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
         raise ConfigError(f"--core must be none, lstm or gru, got {config.core!r}")
 
 
-def make(config: Config, spec: EnvSpec) -> Agent:
+def make(config: Config, spec: EnvSpec, network=None) -> Agent:
+    """Bind A2C to an environment: `Agent(init, act, update)`; `update` is one synchronous
+    gradient step on a rollout.
+
+    network: a torso of your own in place of the built-in one (an nn.Module, a factory
+        `factory(obs_shape) -> (module, out_dim)`, or "module:name"; `fnrl.nets.core.user_torso`),
+        the heads on top; default: `config.conv`'s.
+    """
     validate(config, spec)
     dist = action_dist(spec)
-    build, rnn, policy = config_policy(config, spec)
+    build, rnn, policy = config_policy(config, spec, network)
     recurrent = rnn is not None
     updates = max(1, config.total_steps // (config.num_envs * config.num_steps))
     decay = optim.linear_schedule(1.0, 0.0, updates) if config.anneal_lr else None

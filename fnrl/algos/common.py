@@ -297,7 +297,7 @@ class Agent(NamedTuple):
     update: Callable
 
 
-def actor_critic_policy(spec: EnvSpec, hidden=(64, 64), activation: str = "tanh", conv: str = "nature",
+def actor_critic_policy(spec: EnvSpec, hidden=(64, 64), activation: str = "tanh", conv="nature",
                         init_log_std: float = 0.0):
     """The actor-critic network of A2C / PPO and its pure forward.
 
@@ -368,7 +368,7 @@ class RecurrentActorCriticPolicy(NamedTuple):
 
 
 def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: int = 128, hidden=(64,),
-                                  activation: str = "tanh", conv: str = "nature",
+                                  activation: str = "tanh", conv="nature",
                                   init_log_std: float = 0.0) -> RecurrentActorCriticPolicy:
     from fnrl.nets import RecurrentActorCritic, call
     from fnrl.nets.recurrent import reset_carry
@@ -404,14 +404,16 @@ def recurrent_actor_critic_policy(spec: EnvSpec, core: str = "lstm", core_size: 
     return RecurrentActorCriticPolicy(build, unroll, step, rollout_unroll)
 
 
-def config_policy(config, spec: EnvSpec):
-    """The actor-critic of an A2C / PPO `config` (fields core, core_size, hidden, activation,
-    conv, init_log_std): `(build, rnn, policy)` with `rnn` a `RecurrentActorCriticPolicy`
-    when `config.core` is "lstm" or "gru" (then `policy` is None), else `rnn` None and
-    `policy(params, obs) -> (dist, value)` the feed-forward forward."""
+def config_policy(config, spec: EnvSpec, network=None):
+    """The actor-critic of an A2C / PPO / IMPALA `config` (fields core, core_size, hidden,
+    activation, conv, init_log_std), with the torso `network` in place of `config.conv`'s when
+    given (`fnrl.nets.core.user_torso`): `(build, rnn, policy)` with `rnn` a
+    `RecurrentActorCriticPolicy` when `config.core` is "lstm" or "gru" (then `policy` is None),
+    else `rnn` None and `policy(params, obs) -> (dist, value)` the feed-forward forward."""
+    torso = config.conv if network is None else network
     if config.core != "none":
         rnn = recurrent_actor_critic_policy(spec, config.core, config.core_size, config.hidden, config.activation,
-                                            config.conv, config.init_log_std)
+                                            torso, config.init_log_std)
         return rnn.build, rnn, None
-    build, policy = actor_critic_policy(spec, config.hidden, config.activation, config.conv, config.init_log_std)
+    build, policy = actor_critic_policy(spec, config.hidden, config.activation, torso, config.init_log_std)
     return build, None, policy

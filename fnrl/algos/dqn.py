@@ -259,12 +259,13 @@ class Functions(NamedTuple):
     loss: Callable
 
 
-def functions(config: Config, spec: EnvSpec) -> Functions:
-    """Build the network and its pure output, Q-value and loss functions for `config`."""
+def functions(config: Config, spec: EnvSpec, network=None) -> Functions:
+    """Build the network (with the torso `network` in place of `config.conv`'s when given) and
+    its pure output, Q-value and loss functions for `config`."""
     head = config.head
     num_outputs = {"q": 1, "categorical": config.num_atoms, "quantile": config.num_quantiles, "iqn": 1}[head]
     net = QNetwork(spec.obs_shape, spec.num_actions, head, num_outputs, config.dueling, config.hidden,
-                   config.activation, config.conv, config.cosine_dim)
+                   config.activation, config.conv if network is None else network, config.cosine_dim)
 
     def support(like):
         return torch.linspace(config.v_min, config.v_max, config.num_atoms, dtype=like.dtype, device=like.device)
@@ -356,15 +357,20 @@ def target_update(config: Config, target: TensorDict, online: TensorDict, update
     return optim.polyak(target, online, due * config.tau)
 
 
-def make(config: Config, spec: EnvSpec) -> Agent:
-    """Bind the DQN family to an environment: returns `Agent(init, act, update)` of pure functions."""
+def make(config: Config, spec: EnvSpec, network=None) -> Agent:
+    """Bind the DQN family to an environment: returns `Agent(init, act, update)` of pure functions.
+
+    network: a torso of your own in place of the built-in one (an nn.Module, a factory
+        `factory(obs_shape) -> (module, out_dim)`, or "module:name"; `fnrl.nets.core.user_torso`),
+        the heads on top; default: `config.conv`'s.
+    """
     validate(config, spec)
-    fns = functions(config, spec)
+    fns = functions(config, spec, network)
     opt = _optimizer(config)
 
     def init(seed: int) -> TensorDict:
         with initializing(seed):
-            params = parameters(functions(config, spec).net)
+            params = parameters(functions(config, spec, network).net)
         return TensorDict({
             "params": params,
             "target_params": params.clone(),

@@ -154,11 +154,16 @@ def vtrace_targets(config: Config, batch: TensorDict, logp: torch.Tensor, value:
                   config.vtrace_lambda, config.rho_clip, config.c_clip, config.pg_rho_clip)
 
 
-def make(config: Config, spec: EnvSpec) -> Agent:
-    """Bind IMPALA to an environment: `Agent(init, act, update)`; `update` is one gradient step."""
+def make(config: Config, spec: EnvSpec, network=None) -> Agent:
+    """Bind IMPALA to an environment: `Agent(init, act, update)`; `update` is one gradient step.
+
+    network: a torso of your own in place of the built-in one (an nn.Module, a factory
+        `factory(obs_shape) -> (module, out_dim)`, or "module:name"; `fnrl.nets.core.user_torso`),
+        the heads on top; default: `config.conv`'s.
+    """
     validate(config, spec)
     dist = action_dist(spec)
-    build, rnn, policy = config_policy(config, spec)
+    build, rnn, policy = config_policy(config, spec, network)
     recurrent = rnn is not None
     per_update = config.num_steps * config.num_envs * config.batch_size
     updates = max(1, config.total_steps // per_update)

@@ -306,7 +306,7 @@ def _iteration(config: Config, pieces, state: TensorDict, rollout: TensorDict, l
 
 
 def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = False,
-         ahead_of_time: bool = True) -> Agent:
+         ahead_of_time: bool = True, network=None) -> Agent:
     """Bind PPO to an environment: returns `Agent(init, act, update)`.
 
     `update` runs all epochs and minibatches of one iteration: `prepare` (advantages, targets,
@@ -315,11 +315,11 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     feed-forward policy, a loop of one compiled step on a GPU) is `fnrl.accel.staged`'s choice;
     ahead_of_time=False rules the model out (`fnrl.accel.AccelOptions`).
 
-    batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and
-    trains the K rows independently: each piece is `torch.func.vmap`-ed over the leading
-    axis (the minibatch loop as one scan of vmapped steps) before it is compiled (fnrl.seeds
-    uses it for many seeds / settings at once). The fields in SWEEPABLE are read from the
-    state, so rows may differ in them.
+    batched: `update` takes states [K] (stacked `init`s) and rollouts [K, T, B] and trains the
+    K rows independently, each piece `torch.func.vmap`-ed over the leading axis (the minibatch
+    loop: one scan of vmapped steps) before it is compiled (fnrl.seeds: many seeds / settings at
+    once); the fields in SWEEPABLE are read from the state, so rows may differ in them.
+    network: your torso in place of `config.conv`'s (`fnrl.nets.core.user_torso`).
     """
     validate(config, spec)
     dist = action_dist(spec)
@@ -328,7 +328,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     # recurrent: minibatches are sets of whole env sequences [T, b]; else sets of steps [n / m]
     mb_size = (B if recurrent else n) // config.num_minibatches
     opt = _optimizer(config)
-    build, rnn, policy = config_policy(config, spec)
+    build, rnn, policy = config_policy(config, spec, network)
 
     def forward(params, batch):
         """(dist, value) of the policy on a training batch: [N] steps, or [T, b] sequences."""

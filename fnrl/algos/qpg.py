@@ -48,6 +48,7 @@ from fnrl.distributions import tanh_normal_mode, tanh_normal_sample
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.nets import call, mlp, parameters
+from fnrl.nets.core import user_torso
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 
 SWEEPABLE = ("actor_lr", "critic_lr", "alpha_lr", "gamma")
@@ -192,15 +193,17 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
 
 
 class Critic(nn.Module):
-    """Q(s, a): an MLP on [obs, action] with `out` outputs (1: a value [*], else logits [*, out])."""
+    """Q(s, a): an MLP on [obs, action] with `out` outputs (1: a value [*], else logits [*, out]);
+    with `torso` (module, feature size), on [torso(obs), action]."""
 
-    def __init__(self, obs_size: int, action_dim: int, hidden, out: int):
+    def __init__(self, obs_size: int, action_dim: int, hidden, out: int, torso=None):
         super().__init__()
+        self.torso, obs_size = (nn.Identity(), obs_size) if torso is None else torso
         self.body = mlp(obs_size + action_dim, out, hidden, "relu", out_gain=1.0)
         self.scalar = out == 1
 
     def forward(self, obs, action):
-        y = self.body(torch.cat([obs, action], dim=-1))
+        y = self.body(torch.cat([self.torso(obs), action], dim=-1))
         return y.squeeze(-1) if self.scalar else y
 
 
@@ -226,17 +229,25 @@ def _log_std(raw: torch.Tensor) -> torch.Tensor:
     return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1.0)
 
 
-def networks(config: Config, spec: EnvSpec) -> Networks:
-    """Actor and K critics for `spec` (vector observations, D-dim continuous actions)."""
+def networks(config: Config, spec: EnvSpec, network=None) -> Networks:
+    """Actor and K critics for `spec` (vector observations, D-dim continuous actions); with
+    `network` (`fnrl.nets.core.user_torso`), the actor and each critic on a torso of their own
+    made from it, in place of the raw observation."""
     obs_size, d = spec.obs_size, spec.action_dim
     stochastic = config.algo == "sac"
     critic_out = config.num_atoms if config.distributional else 1
 
+    def torso():
+        return None if network is None else user_torso(network, spec.obs_shape)
+
     def build_actor():
-        return mlp(obs_size, 2 * d if stochastic else d, config.hidden, "relu", out_gain=0.01)
+        made = torso()
+        if made is None:
+            return mlp(obs_size, 2 * d if stochastic else d, config.hidden, "relu", out_gain=0.01)
+        return nn.Sequential(made[0], mlp(made[1], 2 * d if stochastic else d, config.hidden, "relu", out_gain=0.01))
 
     def build_critic():
-        return Critic(obs_size, d, config.hidden, critic_out)
+        return Critic(obs_size, d, config.hidden, critic_out, torso())
 
     actor, critic = build_actor(), build_critic()
 
@@ -406,10 +417,16 @@ def _losses(config: Config, nets, support, target_entropy: float):
     return critic_target, critics_only_loss, loss
 
 
-def make(config: Config, spec: EnvSpec) -> Agent:
-    """Bind DDPG / TD3 / SAC to an environment: returns `Agent(init, act, update)`."""
+def make(config: Config, spec: EnvSpec, network=None) -> Agent:
+    """Bind DDPG / TD3 / SAC to an environment: returns `Agent(init, act, update)`.
+
+    network: a torso of your own (an nn.Module, a factory `factory(obs_shape) -> (module,
+        out_dim)`, or "module:name"; `fnrl.nets.core.user_torso`) under the actor and under
+        each critic, each with parameters of its own; default: none (the MLPs take the
+        observation).
+    """
     validate(config, spec)
-    nets = networks(config, spec)
+    nets = networks(config, spec, network)
     sac = config.algo == "sac"
     d = spec.action_dim
     to_env, to_unit = _action_transforms(config, spec)

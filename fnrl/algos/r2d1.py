@@ -183,7 +183,7 @@ class R2D1Network(nn.Module):
     """
 
     def __init__(self, obs_shape, num_actions: int, core: str = "lstm", core_size: int = 64, hidden=(64,),
-                 head_hidden: int = 64, conv: str = "nature"):
+                 head_hidden: int = 64, conv="nature"):
         super().__init__()
         image = encoder(obs_shape, conv)
         if image is None:
@@ -270,10 +270,11 @@ def _rescaling(config: Config):
     return (lambda x: signed_hyperbolic(x, eps)), (lambda x: signed_parabolic(x, eps))
 
 
-def functions(config: Config, spec: EnvSpec) -> Functions:
-    """Build the network and its pure sequence-Q and loss functions for `config`."""
+def functions(config: Config, spec: EnvSpec, network=None) -> Functions:
+    """Build the network (with the torso `network` in place of `config.conv`'s when given) and
+    its pure sequence-Q and loss functions for `config`."""
     net = R2D1Network(spec.obs_shape, spec.num_actions, config.core, config.core_size, config.hidden,
-                      config.head_hidden, config.conv)
+                      config.head_hidden, config.conv if network is None else network)
     burn, T, n = config.burn_in, config.seq_len, config.n_step
     rescale, rescale_inv = _rescaling(config)
 
@@ -330,17 +331,22 @@ def sequence_input(config: Config, rollout: TensorDict) -> tuple[TensorDict, tor
 # ---------------------------------------------------------------------------
 
 
-def make(config: Config, spec: EnvSpec) -> Agent:
-    """Bind R2D1 to an environment: returns `Agent(init, act, update)` of pure functions."""
+def make(config: Config, spec: EnvSpec, network=None) -> Agent:
+    """Bind R2D1 to an environment: returns `Agent(init, act, update)` of pure functions.
+
+    network: a torso of your own in place of the built-in one (an nn.Module, a factory
+        `factory(obs_shape) -> (module, out_dim)`, or "module:name"; `fnrl.nets.core.user_torso`),
+        the heads on top; default: `config.conv`'s.
+    """
     validate(config, spec)
-    fns = functions(config, spec)
+    fns = functions(config, spec, network)
     opt = optim.adam(config.learning_rate, eps=config.optimizer_eps)
     if config.max_grad_norm > 0:
         opt = optim.chain(optim.clip_by_global_norm(config.max_grad_norm), opt)
 
     def init(seed: int) -> TensorDict:
         with initializing(seed):
-            params = parameters(functions(config, spec).net)
+            params = parameters(functions(config, spec, network).net)
         return TensorDict({
             "params": params,
             "target_params": params.clone(),

@@ -261,29 +261,67 @@ CONVS = ("nature", "a3c")
 """The built-in conv torsos (`NatureCNN`, `A3CConv`)."""
 
 
-def encoder(obs_shape, conv: str = "nature") -> tuple[nn.Module, int] | None:
-    """(torso, feature size): a conv torso for image observations ([C, H, W]), None for vector
-    ones; for `conv` "module:name", the user's torso for any observation (`user_torso`)."""
-    if ":" in conv:
+def encoder(obs_shape, conv="nature") -> tuple[nn.Module, int] | None:
+    """(torso, feature size): a conv torso for image observations ([C, H, W]), None for other
+    ones (vector or Dict observations: the networks' own MLPs); for a user's torso (`conv`
+    "module:name", a factory or an nn.Module), that torso for any observation (`user_torso`)."""
+    if is_user_torso(conv):
         return user_torso(conv, obs_shape)
-    if len(obs_shape) != 3:
+    if isinstance(obs_shape, dict) or len(obs_shape) != 3:
         return None
     torso = {"nature": NatureCNN, "a3c": A3CConv}[conv](obs_shape[0], tuple(obs_shape[1:]))
     return torso, torso.out_dim
 
 
-def user_torso(spec: str, obs_shape) -> tuple[nn.Module, int]:
-    """The torso that the factory `module:name` makes: `factory(obs_shape) -> (module, out_dim)`,
-    the module mapping observations [..., *obs_shape] (in the env's dtype: float32 vectors, uint8
-    frames) to features [..., out_dim]. It takes the built-in torso's place, the algorithm's
-    heads on top (actor and critic heads, Q heads, a recurrent core), and is called functionally
-    (`call`: its parameters and buffers live in the training state). The module is imported by
-    name in every process, so it must be importable there (installed or on PYTHONPATH)."""
-    made = _torso_factory(spec)(tuple(obs_shape))
+def is_user_torso(conv) -> bool:
+    """Whether `conv` names or is a torso of the user's rather than a built-in conv torso's name."""
+    return not isinstance(conv, str) or ":" in conv
+
+
+def user_torso(source, obs_shape) -> tuple[nn.Module, int]:
+    """(module, feature size): the user's torso, from `source`, one of
+      - "module:name": a factory imported by name (`--conv module:name`, `Config.conv`); it is
+        imported in every process, so it must be importable there (installed or on PYTHONPATH);
+      - a factory `factory(obs_shape) -> (module, out_dim)` or `-> module`, called each time a
+        network is built, so each seed's `init` initializes it afresh (under the seed's generator);
+      - an nn.Module: a copy of it, with its current weights as every `init`'s (a pretrained
+        encoder, say).
+    The module maps observations [..., *obs_shape] (in the env's dtype: float32 vectors, uint8
+    frames; a dict of them for Dict observations) to features [..., out_dim]. out_dim is the
+    factory's, else the module's `out_dim` attribute, else read from its output on a zero float
+    observation. It takes the built-in torso's place, the algorithm's heads on top (actor and
+    critic heads, Q heads, a recurrent core), and is called functionally (`call`: its parameters
+    and buffers live in the training state)."""
+    import copy
+
+    if isinstance(source, nn.Module):
+        made = copy.deepcopy(source)
+    elif callable(source):
+        made = source(obs_shape if isinstance(obs_shape, dict) else tuple(obs_shape))
+    else:
+        made = _torso_factory(source)(tuple(obs_shape))
+    if isinstance(made, nn.Module):
+        return made, _feature_size(made, obs_shape, source)
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)
             and isinstance(made[1], int)):
-        raise ConfigError(f"torso {spec!r} must return (nn.Module, feature size), got {made!r:.80}")
+        raise ConfigError(f"torso {_named(source)} must return (nn.Module, feature size) or an nn.Module, "
+                          f"got {made!r:.80}")
     return made
+
+
+def _feature_size(module: nn.Module, obs_shape, source) -> int:
+    out_dim = getattr(module, "out_dim", None)
+    if isinstance(out_dim, int):
+        return out_dim
+    if isinstance(obs_shape, dict):
+        raise ConfigError(f"torso {_named(source)} for Dict observations must give its feature size: return "
+                          "(module, out_dim) from a factory, or set module.out_dim")
+    with torch.no_grad():
+        return int(module(torch.zeros(1, *obs_shape)).shape[-1])
+
+
+def _named(source) -> str:
+    return repr(source) if isinstance(source, str) else getattr(source, "__name__", type(source).__name__)
 
 
 def _torso_factory(spec: str):
@@ -299,6 +337,9 @@ def _torso_factory(spec: str):
 
 def check_conv(conv: str) -> None:
     """ConfigError unless `conv` is a built-in conv torso or an importable `module:name`."""
+    if not isinstance(conv, str):
+        raise ConfigError(f"--conv must be nature, a3c or a torso factory module:name, got {conv!r:.80}; "
+                          "give a module or factory object as make(config, spec, network=...)")
     if ":" in conv:
         _torso_factory(conv)
     elif conv not in CONVS:
@@ -309,16 +350,16 @@ class ActorCritic(nn.Module):
     """Policy and value heads; `forward(obs) -> (policy_out [*, A], value [*])`.
 
     Vector observations: separate actor and critic MLPs (CleanRL's PPO). Image
-    observations, or any with a torso of the user's (`conv` "module:name", `user_torso`): one
+    observations, or any with a torso of the user's (`conv`: see `user_torso`): one
     shared torso with two linear heads. Discrete actions: the
     policy output is logits; continuous: the Gaussian mean, with a state-independent
     `log_std` parameter [A].
     """
 
     def __init__(self, obs_shape, action_dim: int, continuous: bool, hidden=(64, 64),
-                 activation: str = "tanh", conv: str = "nature", init_log_std: float = 0.0):
+                 activation: str = "tanh", conv="nature", init_log_std: float = 0.0):
         super().__init__()
-        image = None if isinstance(obs_shape, dict) else encoder(obs_shape, conv)
+        image = encoder(obs_shape, conv)
         if image is None:
             self.torso = Flatten(obs_shape)
             shapes = obs_shape.values() if isinstance(obs_shape, dict) else [obs_shape]

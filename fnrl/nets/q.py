@@ -62,7 +62,7 @@ class QNetwork(nn.Module):
     """
 
     def __init__(self, obs_shape, num_actions: int, head: str = "q", num_outputs: int = 1, dueling: bool = False,
-                 hidden=(256, 256), activation: str = "relu", conv: str = "nature", cosine_dim: int = 64):
+                 hidden=(256, 256), activation: str = "relu", conv="nature", cosine_dim: int = 64):
         super().__init__()
         image = encoder(obs_shape, conv)
         if image is None:

@@ -196,9 +196,9 @@ class RecurrentActorCritic(nn.Module):
     """
 
     def __init__(self, obs_shape, action_dim: int, continuous: bool, core: str = "lstm", core_size: int = 128,
-                 hidden=(64,), activation: str = "tanh", conv: str = "nature", init_log_std: float = 0.0):
+                 hidden=(64,), activation: str = "tanh", conv="nature", init_log_std: float = 0.0):
         super().__init__()
-        image = None if isinstance(obs_shape, dict) else encoder(obs_shape, conv)
+        image = encoder(obs_shape, conv)
         self.separate = image is None
         if self.separate:
             shapes = obs_shape.values() if isinstance(obs_shape, dict) else [obs_shape]
