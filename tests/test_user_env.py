@@ -145,6 +145,17 @@ def test_channels_last_images_reach_the_conv_torso_channels_first(tmp_path):
         assert (obs[:, 0] == 1).all() and (obs[:, 1] == 2).all() and obs[0, 2, 0, 0] == 7 and obs[0, 2, 1, 1] == 0
     finally:
         env.close()
+    for mode in ("sync", "async"):   # a vector env of them, gymnasium's own or in worker processes, the same
+        vector = envs.make(gym.make_vec("fnrl-test/Pixels-v0", 2, vectorization_mode=mode), seed=[0, 1])
+        env = envs.make("fnrl-test/Pixels-v0", 2, seed=[0, 1])
+        try:
+            assert vector.spec.obs_shape == (3, 36, 36) and torch.equal(vector.reset()["obs"], env.reset()["obs"])
+            for t in range(12):
+                action = torch.tensor([t % 3, 1])
+                assert torch.equal(vector.step(action)["obs"], env.step(action)["obs"]), (mode, t)
+        finally:
+            vector.close()
+            env.close()
     config, _ = configure("ppo", "fnrl-test/Pixels-v0", total_steps=256, num_envs=2, num_steps=64)
     result = train("ppo", config, log_dir=tmp_path / "run", compile=False, quiet=True, tensorboard=False,
                    plot=False, eval_episodes=1)

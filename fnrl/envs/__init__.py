@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fnrl.envs.batched import POLL_VAR, BatchedEnv, NUMPY_TO_TORCH
-from fnrl.envs.inprocess import InProcessEnvs
+from fnrl.envs.inprocess import ChannelsFirst, InProcessEnvs, channels_last
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 
@@ -234,14 +234,16 @@ def _spec_of(batch, env, name: str, num_envs: int) -> EnvSpec:
 
 
 def _from_vector_env(vector, seed) -> BatchedEnv:
-    """A gymnasium vector env as a batch (seeded at the first reset, as `make`'s envs are)."""
+    """A gymnasium vector env as a batch (seeded at the first reset, as `make`'s envs are);
+    channels-last images handed on channels-first (`ChannelsFirst`)."""
     mode = vector.metadata.get("autoreset_mode")
     if mode is not None and getattr(mode, "value", mode) != "NextStep":
         raise ConfigError(f"the vector env resets with autoreset mode {getattr(mode, 'value', mode)}; fnrl steps "
                           "next-step autoreset (gymnasium's default): make it with "
                           "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.NEXT_STEP}")
     seeds = env_seed_list(seed, vector.num_envs)
-    env = BatchedEnv(vector, _spec_of(vector, vector, type(vector).__name__, vector.num_envs), seed=seeds)
+    batch = ChannelsFirst(vector) if channels_last(vector.single_observation_space) else vector
+    env = BatchedEnv(batch, _spec_of(batch, vector, type(vector).__name__, vector.num_envs), seed=seeds)
     env.seeds = seeds
     return env
 

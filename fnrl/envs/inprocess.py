@@ -57,9 +57,7 @@ class InProcessEnvs:
         self.single_observation_space = self.envs[0].observation_space
         self.transposed = channels_last(self.single_observation_space)
         if self.transposed:
-            low, high = (np.moveaxis(bound, -1, 0) for bound in (self.single_observation_space.low,
-                                                                 self.single_observation_space.high))
-            self.single_observation_space = gym.spaces.Box(low, high, dtype=np.uint8)
+            self.single_observation_space = channels_first_space(self.single_observation_space)
         self.single_action_space = self.envs[0].action_space
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         space = self.single_observation_space
@@ -71,7 +69,7 @@ class InProcessEnvs:
         if isinstance(self._dtypes, dict):
             return {k: np.array([o[k] for o in observations], dtype=d) for k, d in self._dtypes.items()}
         if self.transposed:
-            return np.ascontiguousarray(np.array(observations, dtype=self._dtypes).transpose(0, 3, 1, 2))
+            return channels_first(np.array(observations, dtype=self._dtypes))
         return np.array(observations, dtype=self._dtypes)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None) -> tuple:
@@ -131,6 +129,45 @@ def channels_last(space) -> bool:
     and H, W larger (a channels-first [C, H, W] image has its width last)."""
     return (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
             and space.shape[-1] in (1, 3, 4) and min(space.shape[:2]) > 4)
+
+
+def channels_first_space(space: gym.spaces.Box) -> gym.spaces.Box:
+    """The [C, H, W] space of a channels-last image space (`channels_last`)."""
+    low, high = (np.moveaxis(bound, -1, 0) for bound in (space.low, space.high))
+    return gym.spaces.Box(low, high, dtype=np.uint8)
+
+
+def channels_first(images: np.ndarray) -> np.ndarray:
+    """A batch of channels-last images [B, H, W, C] as a contiguous [B, C, H, W] array."""
+    return np.ascontiguousarray(np.asarray(images).transpose(0, 3, 1, 2))
+
+
+class ChannelsFirst:
+    """A gymnasium vector env whose observations are channels-last images (`channels_last`),
+    handing them on as [B, C, H, W], with `single_observation_space` [C, H, W]: what
+    `fnrl.envs.make` does with such a vector env, as `InProcessEnvs` does for its own envs."""
+
+    def __init__(self, vector):
+        self.vector = vector
+        self.num_envs = vector.num_envs
+        self.metadata = vector.metadata
+        self.single_observation_space = channels_first_space(vector.single_observation_space)
+        self.single_action_space = vector.single_action_space
+        self.action_space = vector.action_space
+
+    def reset(self, **kwargs) -> tuple:
+        obs, info = self.vector.reset(**kwargs)
+        return channels_first(obs), info
+
+    def step(self, actions) -> tuple:
+        obs, *rest = self.vector.step(actions)
+        return (channels_first(obs), *rest)
+
+    def render(self):
+        return self.vector.render()
+
+    def close(self) -> None:
+        self.vector.close()
 
 
 def _layers(env) -> list:
