@@ -155,6 +155,8 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
                 t = time.perf_counter()
                 sampler.wait_for_data(POLL_S)
                 idle += time.perf_counter() - t
+        if plan.plot:   # before the logger closes: a tracker takes the curve too
+            progress.logger.plot(title=f"{plan.name} {config.env_id} seed {plan.seed} (async)")
     except (SamplerError, TimeoutError) as e:   # during a stop: the stop's exit, with a checkpoint
         failure = TrainingError(f"{e}; the last checkpoint is {last_checkpoint}")
         raise stop.or_failure(failure, checkpoint, run.run_dir, counters["env_steps"]) from None
@@ -166,8 +168,6 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
             progress.close()
         if evaluation is not None:
             evaluation.close()
-    if plan.plot:
-        progress.logger.plot(title=f"{plan.name} {config.env_id} seed {plan.seed} (async)")
     return TrainResult(state=state, return_mean=progress.stats.means()[0], history=progress.logger.rows,
                        log_dir=run.run_dir, eval_returns=evaluation.returns if evaluation is not None else None)
 

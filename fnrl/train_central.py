@@ -106,6 +106,8 @@ def train_central(plan) -> TrainResult:
                 break
             if stop.requested:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
                 raise stop.stopped(run_dir, counters["env_steps"])
+        if plan.plot:   # before the logger closes: a tracker takes the curve too
+            progress.logger.plot(title=f"{name} {config.env_id} seed {plan.seed}")
     finally:
         stop.close()
         sampler.close()
@@ -113,8 +115,6 @@ def train_central(plan) -> TrainResult:
         release_run_dir(run_dir)
         if evaluation is not None:
             evaluation.close()
-    if plan.plot:
-        progress.logger.plot(title=f"{name} {config.env_id} seed {plan.seed}")
     return TrainResult(state=state, return_mean=progress.stats.means()[0], history=progress.logger.rows,
                        log_dir=run_dir, eval_returns=evaluation.returns if evaluation is not None else None)
 

@@ -27,9 +27,9 @@ def _expected(rows: list[dict], prefix=lambda row: "", sep="/") -> dict:
     return out
 
 
-def _train(run, track, total_steps=2048, **options):
+def _train(run, track, total_steps=2048, plot=False, **options):
     config, _ = configure("ppo", "CartPole-v1", preset="none", total_steps=total_steps, num_envs=4, num_steps=64)
-    train("ppo", config, seed=0, log_dir=run, compile=False, quiet=True, tensorboard=False, plot=False,
+    train("ppo", config, seed=0, log_dir=run, compile=False, quiet=True, tensorboard=False, plot=plot,
           log_interval=512, eval_interval=1024, eval_episodes=2, track=track, **options)
 
 
@@ -59,9 +59,10 @@ def test_mlflow_names_a_vmapped_runs_scalars_by_seed(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     run = tmp_path / "run"
-    _train(run, "mlflow", num_seeds=2)
+    _train(run, "mlflow", num_seeds=2, plot=True)
     run_id = json.loads((run / STATE).read_text())["run_id"]
     client = MlflowClient()
+    assert [a.path for a in client.list_artifacts(run_id)] == ["curve.png"]
     got = {(k, m.step): m.value for k in client.get_run(run_id).data.metrics
            for m in client.get_metric_history(run_id, k)}
     expected = _expected(_progress(run), prefix=lambda row: f"seed_{int(row['seed'])}/", sep=".")
@@ -115,11 +116,13 @@ def test_wandb_offline_run_holds_the_progress_scalars(tmp_path, offline_wandb):
     assert got.keys() == expected.keys() and all(got[k] == pytest.approx(v) for k, v in expected.items())
 
 
-def test_wandb_offline_run_holds_the_evaluation_videos(tmp_path, offline_wandb):
+def test_wandb_offline_run_holds_the_evaluation_videos_and_the_curve(tmp_path, offline_wandb):
     run = tmp_path / "run"
-    _train(run, "wandb", capture_video=True)
+    _train(run, "wandb", capture_video=True, plot=True)
+    history = _wandb_history(tmp_path)
+    assert any(k == "curve/_type" and v == "image-file" for (k, _), v in history.items())
     videos: dict = {}   # the history's nested keys: videos/<name>/<field>
-    for (k, _), v in _wandb_history(tmp_path).items():
+    for (k, _), v in history.items():
         if k.startswith("videos/"):
             name, _, field = k.rpartition("/")
             videos.setdefault(name, {})[field] = v

@@ -112,6 +112,8 @@ def train_serial(plan, world) -> TrainResult:
                     break
                 if stopping:   # SIGTERM / SIGINT: stopped here, with the checkpoint just written
                     raise stop.stopped(run_dir, counters["env_steps"] * world.size, signum=stopping)
+            if plan.plot and world.main:   # before the logger closes: a tracker takes the curve too
+                progress.logger.plot(title=_title(plan))
         except SamplerError as e:   # a parallel worker died or failed (during a stop: the stop's exit)
             failure, steps = stopped_by(e, counters["env_steps"], last_checkpoint), counters["env_steps"]
             raise stop.or_failure(failure, checkpoint, run_dir, steps, alone=world.size == 1) from None
@@ -122,8 +124,6 @@ def train_serial(plan, world) -> TrainResult:
             release_run_dir(run_dir)
             if evaluation is not None:
                 evaluation.close()
-    if plan.plot and world.main:
-        progress.logger.plot(title=_title(plan))
     return TrainResult(state=state, return_mean=mean_of_rows(progress.stats.means()), history=progress.logger.rows,
                        log_dir=run_dir, eval_returns=evaluation.returns if evaluation is not None else None)
 

@@ -7,7 +7,7 @@ Each progress row is logged at its `env_steps` with the same scalars as progress
 TensorBoard (a vmapped run's rows under `seed_<s>/...`, and `<field>_<value>/...` for a swept
 field; MLflow names take "." for each "/": `loss.policy`, `seed_1.return_mean`). The Config,
 algorithm, seed and preset are the run's config (W&B) or parameters (MLflow); at the end the
-evaluations' videos (`--capture-video`) are logged as well. The tracker's run is named after the
+curve (curve.png) and the evaluations' videos (`--capture-video`) are logged as well. The tracker's run is named after the
 run folder, and its id is kept in `RUN/tracking.json`, so a resumed run (`--resume`) continues
 the same tracked run (the rows after its checkpoint, which the resumed run logs again, are logged
 once more: W&B keeps the first, MLflow both). Each tracker is an optional extra
@@ -82,6 +82,8 @@ class WandbTracker:
         self.run.log(values, step=step)
 
     def finish(self, run_dir: Path) -> None:
+        if (run_dir / "curve.png").exists():
+            self.run.log({"curve": self.wandb.Image(str(run_dir / "curve.png"))})
         videos = sorted((run_dir / "videos").glob("*.mp4")) + sorted((run_dir / "videos").glob("*.gif"))
         for video in videos:
             self.run.log({f"videos/{video.stem}": self.wandb.Video(str(video))})
@@ -109,6 +111,8 @@ class MlflowTracker:
         self.mlflow.log_metrics({k.replace("/", "."): v for k, v in values.items()}, step=step, run_id=self.run_id)
 
     def finish(self, run_dir: Path) -> None:
+        if (run_dir / "curve.png").exists():
+            self.mlflow.log_artifact(str(run_dir / "curve.png"), run_id=self.run_id)
         if (run_dir / "videos").is_dir():
             self.mlflow.log_artifacts(str(run_dir / "videos"), artifact_path="videos", run_id=self.run_id)
         self.mlflow.end_run()
