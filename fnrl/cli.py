@@ -340,8 +340,19 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def _working_directory_importable() -> None:
+    """The working directory on sys.path, as `python -m fnrl` has it, so that the `fnrl` command
+    also finds a user's modules beside it (`--env mypkg.envs:Env-v0`, `--conv mypkg.nets:torso`),
+    and so do the worker processes it starts. Appended: it shadows no installed package."""
+    import os
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _working_directory_importable()
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0

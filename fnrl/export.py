@@ -19,7 +19,8 @@ size, with the observation normalization of the run inside it and the parameters
     action = session.run(None, {session.get_inputs()[0].name: obs})[0]
 
 `obs` is a batch of raw observations as the env returns them (its dtype: float32 for vector
-observations, uint8 for Atari frames; channels-first, as fnrl's env adaptor gives them);
+observations, uint8 for Atari frames; images channels-first, as fnrl's env adaptor gives them, so
+an env's channels-last frames need `obs.transpose(0, 3, 1, 2)` first);
 `action` is what the env's `step` takes: int64 [N] for discrete actions, int64 [N, K] for
 multi-discrete ones, float32 [N, D] for continuous ones (SAC / TD3 / DDPG: within the env's
 bounds; PPO: the Gaussian's mean, which the env clips). Neither file needs fnrl to run. The

@@ -53,16 +53,18 @@ def test_mlflow_run_holds_the_progress_scalars_and_config_and_resumes(tmp_path, 
     assert got.keys() == expected.keys() and all(got[k] == pytest.approx(v) for k, v in expected.items())
 
 
-def test_mlflow_names_a_vmapped_runs_scalars_by_seed(tmp_path, monkeypatch):
+def test_mlflow_names_a_vmapped_runs_scalars_by_seed_and_holds_curve_and_videos(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path / 'mlruns'}")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     run = tmp_path / "run"
-    _train(run, "mlflow", num_seeds=2, plot=True)
+    _train(run, "mlflow", num_seeds=2, plot=True, capture_video=True)
     run_id = json.loads((run / STATE).read_text())["run_id"]
     client = MlflowClient()
-    assert [a.path for a in client.list_artifacts(run_id)] == ["curve.png"]
+    assert [a.path for a in client.list_artifacts(run_id)] == ["curve.png", "videos"]
+    assert [a.path for a in client.list_artifacts(run_id, "videos")] == ["videos/eval-000001024.mp4",
+                                                                          "videos/eval-000002048.mp4"]
     got = {(k, m.step): m.value for k in client.get_run(run_id).data.metrics
            for m in client.get_metric_history(run_id, k)}
     expected = _expected(_progress(run), prefix=lambda row: f"seed_{int(row['seed'])}/", sep=".")

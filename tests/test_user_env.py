@@ -39,8 +39,10 @@ def test_a_module_that_cannot_be_imported_is_one_clear_error():
 
 
 def _fnrl(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fnrl", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    """The `fnrl` command in `cwd`. `-P`: the working directory is not put on sys.path by Python,
+    as for the installed `fnrl` script (which `python -m fnrl` would hide); fnrl puts it there."""
+    return subprocess.run([sys.executable, "-P", "-m", "fnrl", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_a_run_on_a_users_env_rebuilds_it_in_workers_evaluation_and_a_fresh_eval(tmp_path):
