@@ -72,6 +72,24 @@ def test_a_callback_stops_every_loop_with_its_checkpoint(tmp_path, algo, options
     assert load_checkpoint(run)["counters"]["env_steps"] == stopped_at and recorder.checkpoints[-1] == stopped_at
 
 
+class StopOnEval:
+    """Early stopping on the evaluation: stops at the first evaluation at or past `steps`."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def on_eval(self, event):
+        return event.env_steps >= self.steps
+
+
+def test_an_evaluation_callback_stops_the_run_with_its_checkpoint(tmp_path):
+    config, _ = configure("ppo", "CartPole-v1", preset="none", total_steps=8192, num_envs=4, num_steps=32)
+    run = tmp_path / "run"
+    result = train("ppo", config, seed=0, log_dir=run, compile=False, quiet=True, tensorboard=False, plot=False,
+                   log_interval=512, eval_interval=1024, eval_episodes=2, callbacks=[StopOnEval(2048)])
+    assert result.history[-1]["env_steps"] == 2048 and load_checkpoint(run)["counters"]["env_steps"] == 2048
+
+
 def test_what_is_no_callback_or_cannot_take_callbacks_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="has none of the methods on_log, on_eval, on_checkpoint"):
         train("ppo", None, log_dir=tmp_path / "a", callbacks=[object()])
