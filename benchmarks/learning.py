@@ -298,10 +298,10 @@ def main(argv=None) -> int:
     if unknown:
         raise ValueError(f"unknown cell(s) {', '.join(unknown)}; choose from {', '.join(BY_KEY)}")
     results = load_results()
-    results.update(machine=machine(), date=str(date.today()))
-    if args.render:
+    if args.render:   # the results' own machine and date: nothing was measured here
         save(results)
         return 0
+    results.update(machine=machine(), date=str(date.today()))
     failed = []
     for key in keys:
         cell = BY_KEY[key]
