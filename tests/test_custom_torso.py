@@ -75,15 +75,15 @@ def _case(name):
         config = test_r2d1.config()
         return r2d1, config, test_r2d1.SPEC, lambda agent, state: test_r2d1.make_batch(config)
     spec = test_qpg.make_spec()
-    return qpg, test_qpg.config("sac"), spec, lambda agent, state: test_qpg.batch(spec=spec)
+    return qpg, test_qpg.config(name), spec, lambda agent, state: test_qpg.batch(spec=spec)
 
 
 def _torso_leaves(params) -> dict:
-    """The torso's parameters (every "blocks" leaf; the actor's and each critic's for SAC)."""
+    """The torso's parameters (every "blocks" leaf; the actor's and each critic's for SAC / TD3)."""
     return {k: v for k, v in params.items(include_nested=True, leaves_only=True) if "blocks" in k}
 
 
-@pytest.mark.parametrize("name", ["ppo", "a2c", "impala", "dqn", "r2d1", "sac"])
+@pytest.mark.parametrize("name", ["ppo", "a2c", "impala", "dqn", "r2d1", "sac", "td3"])
 def test_make_takes_a_users_network_and_its_update_trains_it(name):
     """`make(config, spec, network=...)` with a factory or an nn.Module: the torso's parameters
     live in the state, a factory builds the same network as its `--conv module:name`, an

@@ -190,3 +190,17 @@ def test_capture_video_records_every_evaluation_as_h264(tmp_path, capsys):
     assert all(p.encoded_image_string.startswith(b"GIF8") and (p.width, p.height) == (150, 100) for p in previews)
     assert main(["train", "ppo", "--eval-episodes", "0", "--capture-video", "--log-dir", str(tmp_path / "x")]) == 2
     assert "--capture-video records the evaluations' episodes" in capsys.readouterr().err
+
+
+
+def test_capture_video_without_imageio_ffmpeg_records_gifs(tmp_path, monkeypatch):
+    monkeypatch.setattr("fnrl.video.mp4_available", lambda: False)
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--total-steps", "512", "--num-envs", "4", "--num-steps", "64", "--no-compile",
+                 "--quiet", "--eval-episodes", "1", "--capture-video", "--log-dir", str(run)]) == 0
+    assert [v.name for v in (run / "videos").iterdir()] == ["eval-000000512.gif"]
+    assert sum(1 for _ in read_frames(run / "videos" / "eval-000000512.gif")) >= 9
+    from tensorboard.backend.event_processing.event_accumulator import IMAGES, EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={IMAGES: 0}).Reload()
+    assert [p.step for p in events.Images("videos/eval")] == [512]

@@ -84,13 +84,13 @@ def offline_wandb(tmp_path, monkeypatch):
     wandb.teardown()
 
 
-def _wandb_history(folder) -> dict:
-    """{(metric, step): value} of the history records of an offline W&B run's .wandb file (a
-    LevelDB-format log of protobuf records after a 7-byte header)."""
+def _wandb_records(folder):
+    """The protobuf records of an offline W&B run's .wandb file (a LevelDB-format log after a
+    7-byte header)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
-    data, pos, parts, out = path.read_bytes(), 7, [], {}
+    data, pos, parts = path.read_bytes(), 7, []
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:   # a block's tail too short for a header is padding
             pos += 32768 - pos % 32768
@@ -103,19 +103,38 @@ def _wandb_history(folder) -> dict:
         if kind in (1, 4):
             record = pb.Record()
             record.ParseFromString(b"".join(parts))
-            if record.WhichOneof("record_type") == "history":
-                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-                step = items.pop("_step")
-                out.update({(k, step): v for k, v in items.items() if not k.startswith("_")})
+            yield record
+
+
+def _wandb_history(folder) -> dict:
+    """{(metric, step): value} of the history records of an offline W&B run."""
+    out = {}
+    for record in _wandb_records(folder):
+        if record.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            step = items.pop("_step")
+            out.update({(k, step): v for k, v in items.items() if not k.startswith("_")})
     return out
 
 
-def test_wandb_offline_run_holds_the_progress_scalars(tmp_path, offline_wandb):
+def _wandb_config(folder) -> dict:
+    """The run's config as an offline W&B run recorded it (its run and config records)."""
+    out = {}
+    for record in _wandb_records(folder):
+        kind = record.WhichOneof("record_type")
+        items = record.run.config.update if kind == "run" else record.config.update if kind == "config" else []
+        out.update({i.key: json.loads(i.value_json) for i in items if not i.key.startswith("_")})
+    return {k: v.get("value", v) if isinstance(v, dict) else v for k, v in out.items()}
+
+
+def test_wandb_offline_run_holds_the_progress_scalars_and_config(tmp_path, offline_wandb):
     run = tmp_path / "run"
     _train(run, "wandb")
     got, expected = _wandb_history(tmp_path), _expected(_progress(run))
     assert ("loss/policy", 2048) in expected and ("eval_return_mean", 2048) in expected
     assert got.keys() == expected.keys() and all(got[k] == pytest.approx(v) for k, v in expected.items())
+    config = _wandb_config(tmp_path)
+    assert config["algo"] == "ppo" and config["seed"] == 0 and config["num_envs"] == 4 and config["num_steps"] == 64
 
 
 def test_wandb_offline_run_holds_the_evaluation_videos_and_the_curve(tmp_path, offline_wandb):
