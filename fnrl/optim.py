@@ -16,6 +16,13 @@ kernel over all the leaves, with no per-tensor Python loop. Compile habits: use
 `td.mul(t)`, `td.div(t)`, `td.add(...)` (never `td * t` in operator form) and keep
 `params.to_module(...)` out of compiled code.
 
+Each transformation of this module also has `update_leaves`, the same arithmetic on flat lists
+of the leaves (`Layout`), which `fnrl.algos.common.gradient_step` runs in plain eager mode: one
+`torch._foreach_*` call per operation without rebuilding nested TensorDicts after each, which
+made an eager PPO update twice as fast on small networks. Under torch.compile and torch.func
+transforms the TensorDict `update` runs. A transformation without `update_leaves` (one of
+yours) is run through `update`.
+
 The optimizers are built like optax's, by chaining small transformations, and follow
 torch.optim's arithmetic step for step (tests compare them on an MLP in float64):
 
@@ -38,6 +45,7 @@ from tensordict import TensorDict, TensorDictBase
 
 __all__ = [
     "GradientTransformation",
+    "Layout",
     "Schedule",
     "init_step",
     "constant_schedule",
@@ -66,10 +74,55 @@ ScalarOrSchedule = Union[float, torch.Tensor, Schedule]
 
 
 class GradientTransformation(NamedTuple):
-    """init(params) -> state;  update(grads, state, params=None) -> (updates, new_state)."""
+    """init(params) -> state;  update(grads, state, params=None) -> (updates, new_state).
+
+    update_leaves (optional): `update` on leaves, update_leaves(grads, state, params, layout) ->
+    (updates, new_state), with grads, params and updates lists in `layout`'s order (params may
+    be None for a transformation that does not read them) and the state as in `update`.
+    """
 
     init: Callable[[TensorDictBase], TensorDictBase]
     update: Callable[..., tuple[TensorDictBase, TensorDictBase]]
+    update_leaves: Callable | None = None
+
+
+class Layout:
+    """The leaves of a parameter TensorDict as a flat list and back: `leaves(td)` lists the
+    leaves of a TensorDict of the same structure (parameters, gradients, an optimizer's moments)
+    in one order, and `tree(leaves)` builds such a TensorDict from a list.
+
+    `Layout.of(params)` is None where the list form does not apply: a leaf that is not floating
+    point, or a nested TensorDict with a batch size of its own (stacked critics)."""
+
+    def __init__(self, keys: list):
+        self.keys = keys
+
+    @classmethod
+    def of(cls, params: TensorDictBase) -> "Layout | None":
+        if params.batch_size != ():
+            return None
+        keys = []
+        for key, value in params.items(include_nested=True):
+            if isinstance(value, TensorDictBase):
+                if value.batch_size != ():
+                    return None
+            elif not value.is_floating_point():
+                return None
+            else:
+                keys.append(key if isinstance(key, tuple) else (key,))
+        return cls(keys)
+
+    def leaves(self, td: TensorDictBase) -> list[torch.Tensor]:
+        return [td.get(key) for key in self.keys]
+
+    def tree(self, leaves: list[torch.Tensor]) -> TensorDict:
+        root: dict = {}
+        for key, leaf in zip(self.keys, leaves):
+            node = root
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = leaf
+        return TensorDict(root, batch_size=[])
 
 
 # ---------------------------------------------------------------------------
@@ -187,7 +240,11 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         scale = (max_norm / (global_norm(grads) + 1e-6)).clamp(max=1.0)
         return grads.mul(scale), state
 
-    return GradientTransformation(_empty_state, update)
+    def update_leaves(grads, state, params, layout):
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        return torch._foreach_mul(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0)), state
+
+    return GradientTransformation(_empty_state, update, update_leaves)
 
 
 def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransformation:
@@ -203,7 +260,14 @@ def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransform
             raise ValueError("weight decay needs the parameters: call update(grads, state, params)")
         return grads.add(params.mul(weight_decay)), state
 
-    return GradientTransformation(_empty_state, update)
+    def update_leaves(grads, state, params, layout):
+        if isinstance(weight_decay, (int, float)) and weight_decay == 0:
+            return grads, state
+        if params is None:
+            raise ValueError("weight decay needs the parameters: call update(grads, state, params)")
+        return torch._foreach_add(grads, torch._foreach_mul(params, weight_decay)), state
+
+    return GradientTransformation(_empty_state, update, update_leaves)
 
 
 def trace(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformation:
@@ -216,7 +280,8 @@ def trace(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformati
     if momentum == 0:
         if nesterov:
             raise ValueError("nesterov momentum needs momentum > 0")
-        return GradientTransformation(_empty_state, lambda grads, state, params=None: (grads, state))
+        return GradientTransformation(_empty_state, lambda grads, state, params=None: (grads, state),
+                                      lambda grads, state, params, layout: (grads, state))
 
     def init(params):
         return TensorDict({"momentum_buffer": _zeros_like(params)}, batch_size=[])
@@ -226,7 +291,12 @@ def trace(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformati
         out = grads.add(buffer, alpha=momentum) if nesterov else buffer
         return out, TensorDict({"momentum_buffer": buffer}, batch_size=[])
 
-    return GradientTransformation(init, update)
+    def update_leaves(grads, state, params, layout):
+        buffer = torch._foreach_add(torch._foreach_mul(layout.leaves(state["momentum_buffer"]), momentum), grads)
+        out = torch._foreach_add(grads, buffer, alpha=momentum) if nesterov else buffer
+        return out, TensorDict({"momentum_buffer": layout.tree(buffer)}, batch_size=[])
+
+    return GradientTransformation(init, update, update_leaves)
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
@@ -253,7 +323,23 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         out = exp_avg.div(denom).div(bias_correction1)
         return out, TensorDict({"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, batch_size=[])
 
-    return GradientTransformation(init, update)
+    def update_leaves(grads, state, params, layout):
+        step = state["step"] + 1
+        t = _step_as_float(step)
+        exp_avg = torch._foreach_lerp(layout.leaves(state["exp_avg"]), grads, 1.0 - b1)
+        exp_avg_sq = torch._foreach_mul(layout.leaves(state["exp_avg_sq"]), b2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1.0 - b2)
+        bias_correction1 = 1.0 - torch.pow(b1, t)
+        bias_correction2_sqrt = torch.sqrt(1.0 - torch.pow(b2, t))
+        denom = torch._foreach_sqrt(exp_avg_sq)
+        torch._foreach_div_(denom, bias_correction2_sqrt)
+        torch._foreach_add_(denom, eps)
+        out = torch._foreach_div(exp_avg, denom)
+        torch._foreach_div_(out, bias_correction1)
+        return out, TensorDict({"step": step, "exp_avg": layout.tree(exp_avg), "exp_avg_sq": layout.tree(exp_avg_sq)},
+                               batch_size=[])
+
+    return GradientTransformation(init, update, update_leaves)
 
 
 def scale_by_rms(alpha: float = 0.99, eps: float = 1e-8, centered: bool = False) -> GradientTransformation:
@@ -282,7 +368,20 @@ def scale_by_rms(alpha: float = 0.99, eps: float = 1e-8, centered: bool = False)
             variance = square_avg
         return grads.div(variance.sqrt().add(eps)), TensorDict(new_state, batch_size=[])
 
-    return GradientTransformation(init, update)
+    def update_leaves(grads, state, params, layout):
+        square_avg = torch._foreach_mul(layout.leaves(state["square_avg"]), alpha)
+        torch._foreach_addcmul_(square_avg, grads, grads, value=1.0 - alpha)
+        new_state = {"square_avg": layout.tree(square_avg)}
+        variance = square_avg
+        if centered:
+            grad_avg = torch._foreach_lerp(layout.leaves(state["grad_avg"]), grads, 1.0 - alpha)
+            variance = torch._foreach_addcmul(square_avg, grad_avg, grad_avg, value=-1.0)
+            new_state["grad_avg"] = layout.tree(grad_avg)
+        denom = torch._foreach_sqrt(variance)
+        torch._foreach_add_(denom, eps)
+        return torch._foreach_div(grads, denom), TensorDict(new_state, batch_size=[])
+
+    return GradientTransformation(init, update, update_leaves)
 
 
 def scale_by_learning_rate(lr: ScalarOrSchedule) -> GradientTransformation:
@@ -296,7 +395,11 @@ def scale_by_learning_rate(lr: ScalarOrSchedule) -> GradientTransformation:
         rate = _value_at(lr, step)
         return grads.mul(-rate), TensorDict({"step": step + 1}, batch_size=[])
 
-    return GradientTransformation(init, update)
+    def update_leaves(grads, state, params, layout):
+        step = state["step"]
+        return torch._foreach_mul(grads, -_value_at(lr, step)), TensorDict({"step": step + 1}, batch_size=[])
+
+    return GradientTransformation(init, update, update_leaves)
 
 
 def scale_by_stored_learning_rate(lr: float, schedule: Schedule | None = None) -> GradientTransformation:
@@ -312,13 +415,21 @@ def scale_by_stored_learning_rate(lr: float, schedule: Schedule | None = None) -
     def init(params):
         return TensorDict({"lr": hyperparameter(lr, params), "step": init_step(params)}, batch_size=[])
 
-    def update(grads, state, params=None):
+    def rate_and_state(state):
         step, rate = state["step"], state["lr"]
         if schedule is not None:
             rate = rate * schedule(step)
-        return grads.mul(-rate), TensorDict({"lr": state["lr"], "step": step + 1}, batch_size=[])
+        return -rate, TensorDict({"lr": state["lr"], "step": step + 1}, batch_size=[])
 
-    return GradientTransformation(init, update)
+    def update(grads, state, params=None):
+        rate, new_state = rate_and_state(state)
+        return grads.mul(rate), new_state
+
+    def update_leaves(grads, state, params, layout):
+        rate, new_state = rate_and_state(state)
+        return torch._foreach_mul(grads, rate), new_state
+
+    return GradientTransformation(init, update, update_leaves)
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
@@ -333,7 +444,14 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
             grads, new_state[str(i)] = tx.update(grads, state[str(i)], params)
         return grads, TensorDict(new_state, batch_size=[])
 
-    return GradientTransformation(init, update)
+    def update_leaves(grads, state, params, layout):
+        new_state = {}
+        for i, tx in enumerate(transforms):
+            grads, new_state[str(i)] = tx.update_leaves(grads, state[str(i)], params, layout)
+        return grads, TensorDict(new_state, batch_size=[])
+
+    leaves = all(tx.update_leaves is not None for tx in transforms)
+    return GradientTransformation(init, update, update_leaves if leaves else None)
 
 
 # ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from fnrl.optim import (
+    GradientTransformation,
     adam,
     adamw,
     apply_updates,
@@ -366,3 +367,26 @@ def test_zero_dim_parameters_keep_their_dtype():
         updates, state = opt.update(grads, state, params)
         params = optim.apply_updates(params, updates)
     assert params["log_alpha"].dtype == torch.float32 and params["log_alpha"].item() < 0
+
+
+@pytest.mark.parametrize("name", [*MATCHES, "clip_adam"])
+def test_eager_gradient_step_on_leaves_equals_the_tensordict_update(name):
+    """`gradient_step` in plain eager mode runs `update_leaves` (`Layout`): the same parameters
+    and optimizer state, bit for bit, as the TensorDict `update`."""
+    from fnrl.algos.common import gradient_step
+
+    tx = chain(clip_by_global_norm(0.3), adam(1e-2)) if name == "clip_adam" else MATCHES[name][0]
+    assert tx.update_leaves is not None
+    on_tensordicts = GradientTransformation(tx.init, tx.update)   # no update_leaves: the TensorDict path
+    net = make_mlp()
+    runs = []
+    for opt in (tx, on_tensordicts):
+        params = TensorDict.from_module(net).detach().clone()
+        state = opt.init(params)
+        for x, y in make_batches(STEPS):
+            params, state, metrics = gradient_step(lambda p: (mlp_loss(net, p, x, y), {}), params, opt, state)
+        runs.append((params, state, metrics["loss"]))
+    (params, state, loss), (expected_params, expected_state, expected_loss) = runs
+    assert (params == expected_params).all() and (state == expected_state).all() and torch.equal(loss, expected_loss)
+    assert list(params.keys(True, True)) == list(expected_params.keys(True, True))
+    assert list(state.keys(True)) == list(expected_state.keys(True))

@@ -13,7 +13,7 @@ from fnrl import distributions as D
 from fnrl import rng
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
-from fnrl.optim import apply_updates
+from fnrl.optim import Layout, apply_updates
 
 # Every config compiles the same closures (one code object per function of `make`) with static
 # shapes, so one process that trains or tests many configs needs more than Dynamo's default of
@@ -87,6 +87,10 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
     through the reducer of `reducing_gradients` (if one is open) before the optimizer.
     """
     if _plain_eager():
+        on_leaves = getattr(opt, "update_leaves", None) is not None and _gradient_reducer is None
+        layout = Layout.of(params) if on_leaves else None
+        if layout is not None:
+            return _leaf_step(loss_fn, params, layout, opt, opt_state, *args)
         grads, (loss, metrics) = _autograd_grad_and_value(loss_fn, params, *args)
     else:
         grads, (loss, metrics) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, *args)
@@ -94,6 +98,22 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
         grads = _gradient_reducer(grads)
     updates, opt_state = opt.update(grads, opt_state, params)
     return apply_updates(params, updates), opt_state, dict(metrics, loss=loss.detach())
+
+
+def _leaf_step(loss_fn: Callable, params: TensorDict, layout, opt, opt_state: TensorDict, *args):
+    """`gradient_step` in plain eager mode on the parameters as a list (`fnrl.optim.Layout`): the
+    same numbers, with the gradients, the optimizer's `update_leaves` and the new parameters one
+    `torch._foreach_*` call per operation."""
+    values = layout.leaves(params)
+    with torch.enable_grad():
+        leaves = [p.detach().requires_grad_() for p in values]
+        loss, metrics = loss_fn(layout.tree(leaves), *args)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(values, grads)]
+    updates, opt_state = opt.update_leaves(grads, opt_state, values, layout)
+    if any(u.dtype != p.dtype for u, p in zip(updates, values)):
+        updates = [u.to(p.dtype) for u, p in zip(updates, values)]
+    return layout.tree(torch._foreach_add(values, updates)), opt_state, dict(metrics, loss=loss.detach())
 
 
 class _Leaves:
