@@ -346,8 +346,12 @@ def _working_directory_importable() -> None:
     and so do the worker processes it starts. Appended: it shadows no installed package."""
     import os
 
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:   # a working directory that was deleted: nothing to find there
+        return
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
 
 
 def main(argv: list[str] | None = None) -> int:

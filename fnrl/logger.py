@@ -42,6 +42,9 @@ class Logger:
         self._writer = None if self._fields is None else csv.DictWriter(self._file, self._fields, extrasaction="ignore")
         self._tb = None
         self._videos_after = resumed_at if resumed else -1   # env steps of the last video sent to TensorBoard
+        if resumed:   # the videos of evaluations after the checkpoint: the resumed run makes its own
+            for path in self._videos(after=resumed_at).values():
+                path.unlink(missing_ok=True)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -82,19 +85,30 @@ class Logger:
         an animated GIF: what `SummaryWriter.add_video` writes, without its moviepy dependency)."""
         from fnrl.video import preview_gif
 
-        new = {}
-        for path in (self.dir / "videos").glob("eval-*.*"):
-            steps = path.stem.removeprefix("eval-")
-            if steps.isdigit() and int(steps) > self._videos_after and path.suffix in (".mp4", ".gif"):
-                new[int(steps)] = path
+        new = self._videos(after=self._videos_after)
         for steps in sorted(new):
             from tensorboard.compat.proto.summary_pb2 import Summary
 
-            gif, height, width = preview_gif(new[steps])
+            self._videos_after = steps
+            try:
+                gif, height, width = preview_gif(new[steps])
+            except Exception as e:   # noqa: BLE001 - a preview must not end the run; the video is in videos/
+                import warnings
+
+                warnings.warn(f"{new[steps]} was not sent to TensorBoard: {type(e).__name__}: {e}", stacklevel=3)
+                continue
             image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
             self._tb._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="videos/eval", image=image)]),
                                                     steps)
-            self._videos_after = steps
+
+    def _videos(self, after: int) -> dict:
+        """{env steps: path} of the evaluation videos (`videos/eval-<env steps>.mp4|gif`) after `after`."""
+        found = {}
+        for path in (self.dir / "videos").glob("eval-*.*"):
+            steps = path.stem.removeprefix("eval-")
+            if steps.isdigit() and int(steps) > after and path.suffix in (".mp4", ".gif"):
+                found[int(steps)] = path
+        return found
 
     group_keys: tuple = ()
     """columns that tell settings apart in a vmapped sweep (fnrl.seeds); set by the loop"""

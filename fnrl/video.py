@@ -131,6 +131,18 @@ def read_frames(path: str | Path):
         yield np.frombuffer(data, np.uint8).reshape(height, width, 3)
 
 
+def _frame_count(path: Path) -> int:
+    """The frames in a video (at least 1): Pillow's count for a GIF, ffmpeg's for an mp4."""
+    if Path(path).suffix.lower() == ".gif":
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return max(1, image.n_frames)
+    import imageio_ffmpeg
+
+    return max(1, imageio_ffmpeg.count_frames_and_secs(str(path))[0])
+
+
 def preview_gif(path: str | Path, max_side: int = 160, max_frames: int = 250) -> tuple[bytes, int, int]:
     """(GIF bytes, height, width): the video at `path`, shrunk by an integer stride to at most
     `max_side` pixels a side and to at most `max_frames` frames (every k-th frame, played k times
@@ -139,12 +151,14 @@ def preview_gif(path: str | Path, max_side: int = 160, max_frames: int = 250) ->
 
     from PIL import Image
 
-    frames = list(read_frames(path))
-    if not frames:
+    every = -(-_frame_count(path) // max_frames)
+    small = []
+    for i, frame in enumerate(read_frames(path)):   # one full-size frame in memory at a time
+        if i % every == 0:
+            stride = -(-max(frame.shape[:2]) // max_side)
+            small.append(Image.fromarray(np.ascontiguousarray(frame[::stride, ::stride])))
+    if not small:
         raise ConfigError(f"{path} holds no frames")
-    stride = -(-max(frames[0].shape[:2]) // max_side)
-    every = -(-len(frames) // max_frames)
-    small = [Image.fromarray(np.ascontiguousarray(f[::stride, ::stride])) for f in frames[::every]]
     out = io.BytesIO()
     small[0].save(out, format="GIF", save_all=True, append_images=small[1:], duration=round(1000 * every / 30), loop=0)
     return out.getvalue(), small[0].height, small[0].width

@@ -12,6 +12,7 @@ from experiments.custom_torso import ResidualMLP, residual_mlp
 from fnrl import envs
 from fnrl.algos import a2c, dqn, impala, ppo, qpg, r2d1
 from fnrl.errors import ConfigError
+from fnrl.nets.core import user_torso
 from fnrl.evaluate import evaluate_checkpoint
 from fnrl.presets import configure
 from fnrl.train import train
@@ -122,3 +123,18 @@ def test_the_examples_hand_written_loop_trains_ppo_with_a_network_given_to_make(
     from experiments.custom_torso import main
 
     assert 5 <= main(total_steps=4096) <= 500
+
+
+def test_a_module_with_batch_statistics_is_sized_without_changing_it():
+    """The feature size of an nn.Module without `out_dim` is read in eval mode: its running
+    statistics, its mode and the random generators stay as they were."""
+    spec = envs.make("CartPole-v1", 2, seed=0).spec
+    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    generator_state = torch.get_rng_state()
+    copy, out_dim = user_torso(module, (4,))
+    assert out_dim == 8 and copy.training and module.training
+    assert torch.equal(torch.get_rng_state(), generator_state)
+    agent = ppo.make(ppo.Config(), spec, network=module)
+    assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+    assert agent.init(0)["params"]["actor", "weight"].shape == (2, 8)

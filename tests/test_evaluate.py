@@ -204,3 +204,13 @@ def test_capture_video_without_imageio_ffmpeg_records_gifs(tmp_path, monkeypatch
 
     events = EventAccumulator(str(run), size_guidance={IMAGES: 0}).Reload()
     assert [p.step for p in events.Images("videos/eval")] == [512]
+
+def test_a_resumed_logger_drops_the_videos_of_evaluations_after_the_checkpoint(tmp_path):
+    from fnrl.logger import Logger
+
+    (tmp_path / "videos").mkdir()
+    for steps in (512, 2048):
+        with VideoWriter(tmp_path / "videos" / f"eval-{steps:09d}.gif") as video:
+            video.append(np.zeros((8, 8, 3), np.uint8))
+    Logger(tmp_path, tensorboard=False, resumed_at=1024).close()
+    assert [v.name for v in (tmp_path / "videos").iterdir()] == ["eval-000000512.gif"]

@@ -152,8 +152,14 @@ class ChannelsFirst:
         self.num_envs = vector.num_envs
         self.metadata = vector.metadata
         self.single_observation_space = channels_first_space(vector.single_observation_space)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, vector.num_envs)
         self.single_action_space = vector.single_action_space
         self.action_space = vector.action_space
+
+    def __getattr__(self, name: str):   # the rest of the vector env's interface (render_mode, call, ...)
+        if name == "vector":
+            raise AttributeError(name)
+        return getattr(self.vector, name)
 
     def reset(self, **kwargs) -> tuple:
         obs, info = self.vector.reset(**kwargs)

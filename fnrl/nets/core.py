@@ -289,17 +289,18 @@ def user_torso(source, obs_shape) -> tuple[nn.Module, int]:
     The module maps observations [..., *obs_shape] (in the env's dtype: float32 vectors, uint8
     frames; a dict of them for Dict observations) to features [..., out_dim]. out_dim is the
     factory's, else the module's `out_dim` attribute, else read from its output on a zero float
-    observation. It takes the built-in torso's place, the algorithm's heads on top (actor and
+    observation (in eval mode, on the module's device, the random generators left as they were).
+    Every parameter trains, `requires_grad=False` ones too (a pretrained torso is fine-tuned).
+    It takes the built-in torso's place, the algorithm's heads on top (actor and
     critic heads, Q heads, a recurrent core), and is called functionally (`call`: its parameters
     and buffers live in the training state)."""
     import copy
 
+    shape = obs_shape if isinstance(obs_shape, dict) else tuple(obs_shape)
     if isinstance(source, nn.Module):
         made = copy.deepcopy(source)
-    elif callable(source):
-        made = source(obs_shape if isinstance(obs_shape, dict) else tuple(obs_shape))
     else:
-        made = _torso_factory(source)(tuple(obs_shape))
+        made = (source if callable(source) else _torso_factory(source))(shape)
     if isinstance(made, nn.Module):
         return made, _feature_size(made, obs_shape, source)
     if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)
@@ -316,8 +317,14 @@ def _feature_size(module: nn.Module, obs_shape, source) -> int:
     if isinstance(obs_shape, dict):
         raise ConfigError(f"torso {_named(source)} for Dict observations must give its feature size: return "
                           "(module, out_dim) from a factory, or set module.out_dim")
-    with torch.no_grad():
-        return int(module(torch.zeros(1, *obs_shape)).shape[-1])
+    device = next(iter(module.parameters()), torch.zeros(())).device
+    training = module.training
+    module.eval()   # batch statistics and dropout neither change the module nor draw random numbers
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
+            return int(module(torch.zeros(1, *obs_shape, device=device)).shape[-1])
+    finally:
+        module.train(training)
 
 
 def _named(source) -> str:
