@@ -18,8 +18,8 @@ kernel over all the leaves, with no per-tensor Python loop. Compile habits: use
 
 Each transformation of this module also has `update_leaves`, the same arithmetic on flat lists
 of the leaves (`Layout`), which `fnrl.algos.common.gradient_step` runs in plain eager mode: one
-`torch._foreach_*` call per operation without rebuilding nested TensorDicts after each, which
-made an eager PPO update twice as fast on small networks. Under torch.compile and torch.func
+`torch._foreach_*` call per operation without rebuilding nested TensorDicts after each
+(`benchmarks/probes/eager_step.md`). Under torch.compile and torch.func
 transforms the TensorDict `update` runs. A transformation without `update_leaves` (one of
 yours) is run through `update`.
 
