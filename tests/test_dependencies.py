@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = {"fnrl", "tests"}
+PROJECT = {"fnrl", "tests", "experiments"}   # experiments: the repository's examples, which tests run
 DISTRIBUTION_OF = {"PIL": "pillow", "cv2": "opencv-python-headless", "yaml": "pyyaml"}
 """Import names whose distribution is named otherwise, for packages that may not be installed here."""
 

@@ -87,8 +87,10 @@ def offline_wandb(tmp_path, monkeypatch):
 def _wandb_records(folder):
     """The protobuf records of an offline W&B run's .wandb file (a LevelDB-format log after a
     7-byte header)."""
+    import wandb
     from wandb.proto import wandb_internal_pb2 as pb
 
+    wandb.teardown()   # the service ends, and with it every write to the run's file
     (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
     data, pos, parts = path.read_bytes(), 7, []
     while pos + 7 <= len(data):
