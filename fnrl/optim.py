@@ -92,7 +92,7 @@ class Layout:
     in one order, and `tree(leaves)` builds such a TensorDict from a list.
 
     `Layout.of(params)` is None where the list form does not apply: a leaf that is not floating
-    point, or a nested TensorDict with a batch size of its own (stacked critics)."""
+    point, or a nested TensorDict with a batch size of its own (stacked critics) or with no leaves."""
 
     def __init__(self, keys: list):
         self.keys = keys
@@ -104,7 +104,7 @@ class Layout:
         keys = []
         for key, value in params.items(include_nested=True):
             if isinstance(value, TensorDictBase):
-                if value.batch_size != ():
+                if value.batch_size != () or value.is_empty():   # tree() would drop an empty node
                     return None
             elif not value.is_floating_point():
                 return None
@@ -253,19 +253,19 @@ def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransform
     Needs `params` in `update`. Stateless; weight_decay == 0 passes gradients through.
     """
 
-    def update(grads, state, params=None):
-        if isinstance(weight_decay, (int, float)) and weight_decay == 0:
-            return grads, state
+    off = isinstance(weight_decay, (int, float)) and weight_decay == 0
+
+    def needs(params):
         if params is None:
             raise ValueError("weight decay needs the parameters: call update(grads, state, params)")
-        return grads.add(params.mul(weight_decay)), state
+        return params
+
+    def update(grads, state, params=None):
+        return (grads, state) if off else (grads.add(needs(params).mul(weight_decay)), state)
 
     def update_leaves(grads, state, params, layout):
-        if isinstance(weight_decay, (int, float)) and weight_decay == 0:
-            return grads, state
-        if params is None:
-            raise ValueError("weight decay needs the parameters: call update(grads, state, params)")
-        return torch._foreach_add(grads, torch._foreach_mul(params, weight_decay)), state
+        return (grads, state) if off else (torch._foreach_add(grads, torch._foreach_mul(needs(params), weight_decay)),
+                                           state)
 
     return GradientTransformation(_empty_state, update, update_leaves)
 
@@ -312,25 +312,25 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
             {"step": init_step(params), "exp_avg": zeros, "exp_avg_sq": zeros.clone()}, batch_size=[]
         )
 
-    def update(grads, state, params=None):
+    def corrections(state):
+        """(t + 1, 1 - b1^(t+1), sqrt(1 - b2^(t+1)))."""
         step = state["step"] + 1
         t = _step_as_float(step)
+        return step, 1.0 - torch.pow(b1, t), torch.sqrt(1.0 - torch.pow(b2, t))
+
+    def update(grads, state, params=None):
+        step, bias_correction1, bias_correction2_sqrt = corrections(state)
         exp_avg = state["exp_avg"].lerp(grads, 1.0 - b1)
         exp_avg_sq = state["exp_avg_sq"].mul(b2).addcmul(grads, grads, value=1.0 - b2)
-        bias_correction1 = 1.0 - torch.pow(b1, t)
-        bias_correction2_sqrt = torch.sqrt(1.0 - torch.pow(b2, t))
         denom = exp_avg_sq.sqrt().div(bias_correction2_sqrt).add(eps)
         out = exp_avg.div(denom).div(bias_correction1)
         return out, TensorDict({"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, batch_size=[])
 
     def update_leaves(grads, state, params, layout):
-        step = state["step"] + 1
-        t = _step_as_float(step)
+        step, bias_correction1, bias_correction2_sqrt = corrections(state)
         exp_avg = torch._foreach_lerp(layout.leaves(state["exp_avg"]), grads, 1.0 - b1)
         exp_avg_sq = torch._foreach_mul(layout.leaves(state["exp_avg_sq"]), b2)
         torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1.0 - b2)
-        bias_correction1 = 1.0 - torch.pow(b1, t)
-        bias_correction2_sqrt = torch.sqrt(1.0 - torch.pow(b2, t))
         denom = torch._foreach_sqrt(exp_avg_sq)
         torch._foreach_div_(denom, bias_correction2_sqrt)
         torch._foreach_add_(denom, eps)
