@@ -117,7 +117,7 @@ def bootstrap_interval(values, statistic=iqm, resamples: int = 10_000, level: fl
 
 def _command(cell: Cell, seed: int, num_seeds: int, log_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "fnrl", "train", cell.algo, "--env", cell.env, "--total-steps", str(cell.budget),
-           "--seed", str(seed), "--log-dir", str(log_dir), "--quiet"]
+           "--seed", str(seed), "--log-dir", str(log_dir), "--quiet", "--compile"]   # no builder outlives a run
     return cmd + (["--num-seeds", str(num_seeds)] if num_seeds > 1 else [])
 
 

@@ -119,8 +119,10 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument("--log-dir", default=None, help="the run's folder (default: runs/ALGO-ENV-sSEED-TIME)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the networks run")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="torch.compile the update and acting steps (default: on)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="--compile: compile the update and acting steps before the first one; --no-compile: "
+                             "run them eagerly (default: tiered: PPO trains on the eager steps at once and switches "
+                             "to the compiled ones when a background process has built them; others compile first)")
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
                         help="replay steps from CUDA graphs: the off-policy learner step; PPO's / A2C's update "
                              "and acting step (needs --device cuda; default: off)")
@@ -173,6 +175,7 @@ def _train(argv: list[str]) -> int:
 
         args["sweep"] = parse_sweep(args["sweep"])
     run = {k: args.pop(k) for k in _RUN_OPTIONS}
+    run["compile"] = "tiered" if run["compile"] is None else run["compile"]
     choice = args.pop("preset")
     given = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
     config = preset = None

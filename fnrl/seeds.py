@@ -167,7 +167,7 @@ def make_agent(module, rows: list[Row], spec, num_envs: int, compile: bool = Tru
         one replay sample per row (`fnrl.replay.multi.sample`), the update vmapped over R;
         metrics["priority"] is then [R, N]. Sequence replay (r2d1): batch [R, L, N].
     With `compile=True` act and update are compiled once, with the decisions of a single run
-    (`fnrl.accel.compiled`: off-policy acting with Inductor's fallback_random; acting ahead of
+    (`fnrl.accel.compiled`: acting with Inductor's fallback_random; acting ahead of
     time for feed-forward policies where `accel.ahead_of_time`; accel None: from the environment).
     """
     R, B = len(rows), num_envs

@@ -63,7 +63,8 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
         world.close()
 
 
-def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu", compile: bool = True,
+def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu",
+        compile: bool | str = True,
         quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
         threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
         plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
@@ -73,6 +74,11 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         accel: AccelOptions | None = None, changes: dict | None = None, callbacks=None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`: the plan, then its loop.
 
+    compile: True compiles the update and acting before the first step; False runs them eagerly;
+        "tiered" (the command line's default) trains on the eager steps at once while a builder
+        process compiles them, and switches at an iteration boundary once they are ready
+        (`fnrl.accel.tiered`; PPO with a feed-forward policy on the CPU, one seed; other runs
+        compile first). progress.csv's `tier` column says which steps each row ran.
     log_interval: env steps between log rows (default: about 100 rows per run).
     checkpoint_every: env steps between checkpoints (default: 10 per run, and the end).
     threads: torch intra-op threads (1 suits small networks on a few cores; None keeps

@@ -132,6 +132,8 @@ SCOPED_GLOBALS = {
     ("nets/core.py", "_VMAPPED_ROWS"),         # `vmapped_rows(R)`: a context manager around tracing
     ("nets/core.py", "_PLAIN"),                # `plain_products()`: a context manager around tracing
     ("algos/common.py", "_gradient_reducer"),  # `reducing_gradients(reducer)`: a context manager
+    ("accel/aot.py", "_recorded"),             # `recording()`: a context manager
+    ("accel/aot.py", "_provided"),             # `provided(packages)`: a context manager
     ("replay/buffer.py", "_LAST_CHECKED"),     # caches: what was checked or compiled already
     ("replay/buffer.py", "_COMPILED_WRITE"),
     ("replay/buffer.py", "_COMPILED_DRAW"),

@@ -30,9 +30,16 @@ eager `act` draws under the same seed.
 `compile_traced` serves functions that `torch.export` cannot trace by itself, such as a
 whole update with its `torch.func.grad` (`fnrl.learner`'s fused step): traced by `make_fx`
 first, then exported, compiled and cached the same way.
+
+Handing models from one process to another (`fnrl.accel.tiered`): inside `recording()` every
+model built is noted by its call signature (`call_signature`: what it computes, the layout of its
+inputs, the options); inside `provided(packages)` a model whose signature is there is loaded from
+that package without tracing or exporting anything. The signature does not identify the code, so
+packages are only provided to the same function, built from the same configuration.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -59,6 +66,75 @@ def serves(device) -> bool:
     return torch.device(device).type == "cpu"
 
 
+_recorded: dict[str, str] | None = None   # call signature -> package, while `recording()`
+_provided: tuple[dict[str, str], bool] = ({}, False)   # (call signature -> package, strict), while `provided(...)`
+
+
+class NotProvided(LookupError):
+    """A model was asked for inside `provided(..., strict=True)` that the packages do not hold."""
+
+
+@contextlib.contextmanager
+def recording():
+    """A dict that fills with `{call signature: package path}` for every model built (or loaded)
+    inside the block."""
+    global _recorded
+    before, _recorded = _recorded, {}
+    try:
+        yield _recorded
+    finally:
+        _recorded = before
+
+
+@contextlib.contextmanager
+def provided(packages: dict[str, str], strict: bool = False):
+    """Inside the block, a model whose call signature is in `packages` is loaded from its package,
+    skipping the trace, export and compile that would build it; with `strict`, building any other
+    model raises `NotProvided` instead (where a build would cost seconds that the caller cannot
+    spend)."""
+    global _provided
+    before, _provided = _provided, ({**_provided[0], **packages}, strict)
+    try:
+        yield
+    finally:
+        _provided = before
+
+
+def _provided_package(signature: str, name: str) -> str | None:
+    path = _provided[0].get(signature)
+    if path is None and _provided[1]:
+        raise NotProvided(f"no package provided ({name})")
+    return path
+
+
+def call_signature(name: str, inputs: list[torch.Tensor], options: dict, keys=()) -> str:
+    """What tells two models of one function apart: its name, the layout of its flat inputs
+    (shapes, strides, dtypes, devices) and their keys, the Inductor options, torch, the CPU and
+    torch's intra-op threads (Inductor's kernels are written for that many)."""
+    cpu = f"{platform.machine()}|{torch.backends.cpu.get_cpu_capability()}|{torch.get_num_threads()}"
+    text = f"{name}|{torch.__version__}|{cpu}|{sorted(options.items())}|{list(keys)}|{_layout(inputs)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _note(signature: str, path: str) -> None:
+    if _recorded is not None:
+        _recorded[signature] = path
+
+
+def load_package(path: str) -> Callable[[list], list]:
+    """`run(list of tensors) -> list of tensors` of the AOTInductor package at `path`.
+
+    Loaded by torch's package loader itself: `aoti_load_package` first probes the CPU's vector
+    ISAs by compiling test programs (~1.5 s, once per process) only to warn where the package was
+    built for another one, which its key (`_package_key`) already rules out."""
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1).run
+    except (AttributeError, TypeError):   # another torch's loader: the public way
+        runner = torch._inductor.aoti_load_package(path)
+        loader = getattr(runner, "loader", None)
+        return loader.run if loader is not None else (lambda inputs: runner(*inputs))
+
+
 def cache_dir() -> Path:
     """Where compiled acting packages are kept: `$FNRL_CACHE_DIR/aoti` (default `~/.cache/fnrl/aoti`)."""
     return Path(os.environ.get("FNRL_CACHE_DIR", Path.home() / ".cache" / "fnrl")) / "aoti"
@@ -79,12 +155,13 @@ class _Flat(torch.nn.Module):
 
 def _package_key(program: torch.export.ExportedProgram, options: dict) -> str:
     """The program's identity: torch version, the CPU's architecture and vector ISA (a cache in a
-    home folder shared by hosts of several CPU kinds serves each its own package), options, the
+    home folder shared by hosts of several CPU kinds serves each its own package), torch's intra-op
+    threads (Inductor splits its loops for that many), options, the
     code of its graph and of every subgraph (a scan's body, a cond's branches: programs that
     differ only there are different models), its inputs' shapes, strides and dtypes, and its
     constants' values."""
     h = hashlib.sha256()
-    cpu = f"{platform.machine()}|{torch.backends.cpu.get_cpu_capability()}"
+    cpu = f"{platform.machine()}|{torch.backends.cpu.get_cpu_capability()}|threads {torch.get_num_threads()}"
     h.update(f"{torch.__version__}|{cpu}|{sorted(options.items())}".encode())
     for name, module in program.graph_module.named_modules():
         if isinstance(module, torch.fx.GraphModule):
@@ -146,7 +223,12 @@ class _Traced(torch.nn.Module):
 
 def compile_traced(fn: Callable, args: list[torch.Tensor], options: dict) -> Callable[[list], list]:
     """`fn(*args)` (tensors in, a tuple of tensors out) as an AOTInductor model: returns
-    `run(list of tensors) -> list of tensors`.
+    `run(list of tensors) -> list of tensors` (`load_package` of `trace_and_package`)."""
+    return load_package(trace_and_package(fn, args, options))
+
+
+def trace_and_package(fn: Callable, args: list[torch.Tensor], options: dict) -> str:
+    """The package path of `fn(*args)` (tensors in, a tuple of tensors out) as an AOTInductor model.
 
     `fn` is traced to ATen ops by `make_fx` on fake tensors, which goes through `torch.func`
     transforms (`grad`, `vmap`) where `torch.export` alone fails, then exported and compiled
@@ -165,9 +247,7 @@ def compile_traced(fn: Callable, args: list[torch.Tensor], options: dict) -> Cal
             torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         graph_module = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
     program = torch.export.export(_Traced(graph_module), tuple(args), strict=False)
-    runner = torch._inductor.aoti_load_package(compile_package(program, options))
-    loader = getattr(runner, "loader", None)
-    return loader.run if loader is not None else (lambda inputs: runner(*inputs))
+    return compile_package(program, options)
 
 
 class AotFunction:
@@ -179,11 +259,14 @@ class AotFunction:
     writes. Built for the first call's args; a later call passes args of the same structure,
     shapes, strides and dtypes (`matches` tells; the leaves are read at every call, so other
     tensors in the same places are fine), and gets a tensor, a TensorDict [] of the dict's
-    entries, the tuple rebuilt (its TensorDicts with their batch sizes), or None. Raises at
+    entries, the tuple rebuilt (its TensorDicts with their batch sizes), or None; the keys of
+    what it returns in the order of its first TensorDict argument's (`_canonical`). Raises at
     construction what tracing or compiling raises, and ValueError where two inputs share
-    memory (traced as separate tensors, a write into one would not show in the other)."""
+    memory (traced as separate tensors, a write into one would not show in the other).
+    name: what the model computes, in its call signature (see the module docstring); a model
+    `provided` under it is loaded, its output's structure taken from one eager call on copies."""
 
-    def __init__(self, fn: Callable, args: tuple, options: dict | None = None):
+    def __init__(self, fn: Callable, args: tuple, options: dict | None = None, name: str = "function"):
         self.keys = []   # per arg: None for a tensor, the leaf keys of a TensorDict
         for a in args:
             if not (torch.is_tensor(a) or isinstance(a, TensorDictBase)):
@@ -204,7 +287,7 @@ class AotFunction:
                 for key in keys:
                     td.set(key, leaves.pop(0))
                 rebuilt.append(td)
-            out = fn(*rebuilt)
+            out = _canonical(fn(*rebuilt), next((a for a in rebuilt if isinstance(a, TensorDictBase)), None))
             if out is None:
                 self.returns_none = True
                 return ()
@@ -225,7 +308,16 @@ class AotFunction:
         if len(set(memory)) < len(memory):
             raise ValueError("two of the inputs share memory")
         self.layout = _layout(inputs)
-        self.run = compile_traced(flat, inputs, dict(options or {}))
+        options = dict(options or {})
+        signature = call_signature(name, inputs, options, self.keys)
+        path = _provided_package(signature, name)
+        if path is None:
+            path = trace_and_package(flat, inputs, options)
+        else:   # the output's structure, from the function itself
+            with torch.random.fork_rng(devices=[x.device for x in inputs if x.device.type == "cuda"][:1]):
+                flat(*[x.clone() for x in inputs])
+        _note(signature, path)
+        self.run = load_package(path)
 
     def matches(self, *args) -> bool:
         """Whether `args` have the built call's structure and the layout of its tensors
@@ -255,6 +347,24 @@ class AotFunction:
         return TensorDict(dict(zip(self.out_keys, values)), batch_size=[])
 
 
+def _canonical(out, reference=None):
+    """`out` with the keys of every dict and TensorDict in it in a canonical order: a TensorDict's
+    in the order of `reference`'s (a TensorDict input, recursively: the state stays in the order it
+    came in), keys `reference` lacks after them, sorted. The order of the model's outputs then
+    depends on what `fn` returns, not on the order it built it in (which differs between fnrl's
+    eager and compiled forms of one update)."""
+    if isinstance(out, TensorDictBase):
+        known = list(reference.keys()) if isinstance(reference, TensorDictBase) else []
+        keys = [k for k in known if k in out.keys()] + sorted(k for k in out.keys() if k not in known)
+        return TensorDict({k: _canonical(out.get(k), reference.get(k) if k in known else None) for k in keys},
+                          batch_size=out.batch_size, device=out.device)
+    if isinstance(out, dict):
+        return {k: out[k] for k in sorted(out)}
+    if isinstance(out, tuple):
+        return tuple(_canonical(o, reference) for o in out)
+    return out
+
+
 def _layout(tensors: list[torch.Tensor]) -> list[tuple]:
     return [(t.shape, t.stride(), t.dtype, t.device) for t in tensors]
 
@@ -263,7 +373,9 @@ def function_or_none(subject: str, fn: Callable, args: tuple, options: dict | No
     """`AotFunction(fn, args, options)`, or None after one `warn_fallback(subject, ...)` where it
     cannot be built (any trace, export or compile failure): the caller then uses torch.compile."""
     try:
-        return AotFunction(fn, args, options)
+        return AotFunction(fn, args, options, name=subject)
+    except NotProvided:
+        raise
     except Exception as e:   # noqa: BLE001 - whatever stops the build means: the torch.compile path
         warn_fallback(subject, e, stacklevel=4)
         return None
@@ -318,21 +430,22 @@ class AotAct:
         leaves = [chosen.get(k) for k in self.leaf_keys]
         flat = _Flat(self.act, self.leaf_keys, chosen.batch_size)
         devices = [obs.device] if obs.device.type == "cuda" else []
+        signature = call_signature("act", [obs, *leaves], self.options, self.leaf_keys)
+        path = _provided_package(signature, "acting")
         try:   # the random numbers drawn here are given back: the first served call draws what eager would
             with torch.no_grad(), torch.random.fork_rng(devices=devices):
                 _, extras, carry = self.act(chosen, obs, None, True)   # the output's structure
                 if carry is not None or not all(torch.is_tensor(v) for v in extras.values()):
                     raise TypeError("only feed-forward policies whose extras are tensors are served")
-                program = torch.export.export(flat, (obs, *leaves), strict=False)
+                program = torch.export.export(flat, (obs, *leaves), strict=False) if path is None else None
             # hashing fails on a state tensor captured as a constant (one that escaped a vmap): not servable
-            path = compile_package(program, self.options)
+            path = path or compile_package(program, self.options)
         except Exception as e:   # noqa: BLE001 - any export or compile failure means: act the usual way
             warn_fallback("acting is", e, stacklevel=4)
             self.failed = True
             return
-        runner = torch._inductor.aoti_load_package(path)
-        loader = getattr(runner, "loader", None)
-        self.run = loader.run if loader is not None else (lambda args: runner(*args))
+        _note(signature, path)
+        self.run = load_package(path)
         self.extra_keys = tuple(extras.keys())
         self.obs_meta = (obs.shape, obs.stride(), obs.dtype, obs.device)
 

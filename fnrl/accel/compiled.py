@@ -4,8 +4,9 @@
 `act_randomness` and `ahead_of_time_act` are the decisions it makes, which `fnrl.seeds.make_agent`
 applies to vmapped rows. Acting is compiled ahead of time where it can be (`fnrl.accel.aot.AotAct`),
 with a `torch.compile`d `act` for the calls that model does not serve (evaluation, recurrent
-carries). Off-policy acting is compiled with Inductor's `fallback_random`, so it draws exactly
-the random numbers eager acting draws (the same exploration as `compile=False`). The
+carries). Acting is compiled with Inductor's `fallback_random`, so it draws exactly the random
+numbers eager acting draws (the same actions as `compile=False`, and the tiers of a tiered run,
+`fnrl.accel.tiered`, act alike). The
 measurements behind these choices are in docs/decisions.md ("Acting is compiled ahead of time").
 What a run turns on or off is `fnrl.accel.AccelOptions`, passed in.
 """
@@ -50,9 +51,11 @@ def compile_update(update):
 
 
 def act_randomness(algorithm) -> dict:
-    """The Inductor options of a compiled `act` of algorithm spec `algorithm`: off-policy acting
-    draws what eager acting draws (`fallback_random`), so compiling leaves exploration as it is."""
-    return {"fallback_random": True} if algorithm.off_policy else {}
+    """The Inductor options of a compiled `act` of algorithm spec `algorithm`: it draws what eager
+    acting draws (`fallback_random`), so compiling leaves the actions and the exploration as they
+    are (about as fast as Inductor's own generator for a CartPole policy,
+    `docs/decisions.md`, "Tiered execution")."""
+    return {"fallback_random": True}
 
 
 def ahead_of_time_act(eager_act, algorithm, fallback, accel: AccelOptions):

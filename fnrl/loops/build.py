@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from fnrl import envs, rng
-from fnrl.accel import compiled
+from fnrl.accel import compiled, tiered
 from fnrl.accel.cudagraphs import check_cuda_graphs
 from fnrl.distributed.data_parallel import RowsOnly
 from fnrl.run.callbacks import for_run as callbacks_for_run
@@ -41,6 +41,12 @@ def env_and_agent(plan, world):
                       single=not rows and world.size == 1)
     if rows:
         agent = vmapped.make_agent(plan.module, rows, env.spec, config.num_envs, plan.compile, accel=plan.accel)
+    elif plan.tiered and tiered.applies(plan.module, config, env.spec, plan.device, plan.accel,
+                                        single=world.size == 1, sampler=plan.sampler, cuda_graphs=plan.cuda_graphs):
+        agent = tiered.TieredAgent(plan.module, config, env.spec, plan.accel)
+        if world.main and not plan.quiet:
+            print("fnrl: training on the eager steps while the compiled ones build in the background "
+                  "(progress.csv's tier column shows the switch; --compile waits for them instead)", flush=True)
     else:
         agent = compiled.make_agent(plan.module, config, env.spec, plan.compile, update_compiled_by_learner=fused,
                                     accel=plan.accel)
@@ -50,6 +56,24 @@ def env_and_agent(plan, world):
         agent = graphed_on_policy(agent, plan.module.SPEC.act_keys,
                                   getattr(config, "core", "none") != "none")
     return env, agent, fused
+
+
+def guards_skipped(plan) -> bool:
+    """Whether the warm loop skips TorchDynamo's guard checks (`fnrl.accel.compiled.HeldStance`):
+    compiled steps that keep their shapes (not vmapped off-policy rows, not sequence replay)."""
+    return (plan.compile and plan.accel.skip_guards and not (plan.rows and plan.off_policy)
+            and not plan.sequence_replay)
+
+
+def tier_of(plan, agent) -> str:
+    """Which steps the loop's last update ran: "eager", "compiled", or a tiered agent's last tier."""
+    return agent.last_tier if isinstance(agent, tiered.TieredAgent) else "compiled" if plan.compile else "eager"
+
+
+def close_agent(agent) -> None:
+    """A tiered agent's end: its builder's folder removed, or a builder still running left to finish."""
+    if isinstance(agent, tiered.TieredAgent):
+        agent.close()
 
 
 def initial_state(plan, world, agent):

@@ -15,7 +15,8 @@ import dataclasses
 from fnrl import samplers
 from fnrl.errors import SamplerError
 from fnrl.accel import compiled
-from fnrl.loops.build import env_and_agent, initial_state, run_callbacks, run_evaluation, run_progress, update_threads
+from fnrl.loops.build import (close_agent, env_and_agent, guards_skipped, initial_state, run_callbacks,
+                              run_evaluation, run_progress, tier_of, update_threads)
 from fnrl.loops.off_policy import ReplayLearner
 from fnrl.run.cadence import cadences
 from fnrl.run.checkpoint import CHECKPOINT, checkpoint_payload, save_checkpoint
@@ -70,13 +71,11 @@ def train_serial(plan, world) -> TrainResult:
                 **({"num_seeds": plan.num_seeds, "sweep": plan.sweep} if rows else {})))
 
     metrics, solved, updates_here = {}, False, 0   # updates_here: in this process (warm after two)
-    skips_guards = (plan.compile and plan.accel.skip_guards and not (rows and plan.off_policy)
-                    and not plan.sequence_replay)
     steady = compiled.HeldStance()
     with StopRequest(escalate=world.size == 1) as stop:
         try:
             while counters["env_steps"] < config.total_steps:
-                steady.hold(skips_guards and updates_here >= 2)
+                steady.hold(updates_here >= 2 and guards_skipped(plan))
                 rollout = sampler.collect(state)
                 counters["env_steps"] += steps_per_collect
                 state["env_steps"].add_(steps_per_collect)   # in place, as `+=` is, without the TensorDict's set
@@ -99,7 +98,8 @@ def train_serial(plan, world) -> TrainResult:
                     scalars = check_finite()
                     solved = progress.close_interval(counters, plan.stop_return)
                     evaluations = evaluation(state, counters["env_steps"], solved or done) if evaluation else None
-                    logged = progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars))
+                    logged = progress.write(counters, evaluations, _metric_rows(plan, metrics, scalars),
+                                            extra={"tier": tier_of(plan, agent)})
                     solved = callbacks.logged(counters["env_steps"] * world.size, logged, state) or solved
                 stopping = _stop_agreed(stop, world)
                 if solved or done or save.due(counters["env_steps"]) or stopping:
@@ -121,6 +121,7 @@ def train_serial(plan, world) -> TrainResult:
             steady.release()
             progress.close()
             sampler.close()
+            close_agent(agent)
             release_run_dir(run_dir)
             if evaluation is not None:
                 evaluation.close()
@@ -129,8 +130,7 @@ def train_serial(plan, world) -> TrainResult:
 
 
 def _stop_agreed(stop: StopRequest, world) -> int:
-    """The signal that stops the run at this iteration, 0 for none: one that reached this process
-    or, with several ranks, any rank (one all-reduce), so that every rank stops at the same step."""
+    """The signal (0: none) that reached this process or any rank (one all-reduce): all stop together."""
     return (stop.signum or 0) if world.size == 1 else int(world.max([float(stop.signum or 0)])[0])
 
 

@@ -49,6 +49,8 @@ class Plan:
     resume: object = None
     log_dir: object = None
     compile: bool = True
+    tiered: bool = False
+    """compile="tiered": eager steps until the compiled ones are built (`fnrl.accel.tiered`)"""
     quiet: bool = False
     log_interval: int | None = None
     checkpoint_every: int | None = None
@@ -121,6 +123,10 @@ def make_plan(world, name: str, config=None, *, seed: int = 0, log_dir=None, dev
     seed, rows, sampler and preset from its checkpoint."""
     module = algos.load(name)
     options["accel"] = resolve(options.get("accel"))
+    compile = options.get("compile", True)
+    if compile not in (True, False, "tiered"):
+        raise ConfigError(f"compile must be True, False or 'tiered', got {compile!r}")
+    options["compile"], options["tiered"] = bool(compile), compile == "tiered"
     ckpt = None
     if resume is not None:
         with world.agree():

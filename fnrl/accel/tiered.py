@@ -1,0 +1,306 @@
+"""Tiered execution: train at once on the eager steps while the compiled ones build out of the way.
+
+    agent = TieredAgent(module, config, spec, accel)   # init, act, update as `module.make` gives them
+    ...                                                # the loop trains with it as with any agent
+    agent.tier                                         # "eager", then "compiled"
+    agent.close()                                      # at the end (a builder still running goes on)
+
+At the first update the agent copies that update's arguments and the observations of the first
+acting call. If an earlier run listed compiled models for exactly these steps (`_steps_key`: fnrl's
+code, torch, the CPU, the algorithm, config, env spec, argument layouts and threads; the lists live in
+`$FNRL_CACHE_DIR/aoti/tiers`), it loads them after that update. Otherwise, where the rest of the
+run would last at least `MIN_EAGER_S` eagerly, it starts a builder process
+(`python -m fnrl.accel.tiered FOLDER`, at a lower priority) that makes the compiled agent
+(`fnrl.accel.compiled.make_agent`), calls its `act` and `update` once on those arguments so that
+each is built as one AOTInductor model (or found in the on-disk cache, `fnrl.accel.aot.cache_dir`),
+lists them under the steps' key and writes which package serves which call. After each update
+the training process checks, without waiting, whether the builder is done; when it is, it loads
+the packages (`fnrl.accel.aot.provided`: no tracing or compiling in the training process) and
+trains on them from the next iteration on. The switch is at an iteration boundary (the update is
+the last step of an on-policy iteration). A run that ends first leaves its builder to finish on
+its own, so that the next run with these steps switches at its first update.
+
+The tiers compute the same functions: eager and compiled acting draw the same random numbers
+(Inductor's `fallback_random`), the minibatch order comes from the seed and the env steps, and the
+update is the same arithmetic up to float rounding (`tests/test_tiered.py`). A builder that fails
+leaves the run on the eager tier with one warning. Tiering serves a run whose every step is one
+ahead-of-time model (`applies`); others compile before their first step, as `compile=True` does.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from fnrl.accel import aot
+from fnrl.run.threads import intra_op_threads
+
+MIN_EAGER_S = 5.0
+"""A run whose eager remainder is shorter than this many seconds does not start a builder (a
+listed build from an earlier run is still used)."""
+
+
+def applies(module, config, spec, device, accel, *, single: bool, sampler: str, cuda_graphs: bool) -> bool:
+    """Whether a run's steps can be tiered: one seed in one process (`single`), the serial or
+    alternating sampler, an on-policy algorithm whose whole update is one ahead-of-time model
+    (`"compile" in SPEC.make_options`, a feed-forward policy, observations one tensor) on a device
+    those models serve."""
+    return (single and sampler in ("serial", "alternating") and not cuda_graphs and accel.ahead_of_time
+            and not module.SPEC.off_policy and "compile" in module.SPEC.make_options
+            and getattr(config, "core", "none") == "none" and not isinstance(spec.obs_shape, dict)
+            and aot.serves(torch.device(device)))
+
+
+class TieredAgent:
+    """An agent (`init`, `act`, `update`) on the eager tier until its builder's models are ready.
+
+    module, config, spec, accel: what `fnrl.accel.compiled.make_agent` takes, for both tiers.
+    tier: "eager" or "compiled", what the next step runs; last_tier: what the last update ran on;
+    switched_at: the env steps of the switch (None before it)."""
+
+    def __init__(self, module, config, spec, accel):
+        self._how = (module, config, spec, accel)
+        eager = module.make(config, spec)
+        self.init, self._act, self._update = eager.init, eager.act, eager.update
+        self.tier, self.switched_at, self.last_tier = "eager", None, "eager"
+        self._obs = None        # the first acting call's observations (their layout)
+        self._example = None    # (state, rollout, obs) of the first update, until the switch
+        self._key = None        # where the packages of this run's steps are listed, once built
+        self._listing = None    # the packages an earlier run listed for these steps
+        self._folder = None     # the builder's job, log and manifest
+        self._builder = None    # its process, while it runs
+        self._t_first = None    # when the first acting call came
+        self._threads = [1, 1]  # torch's intra-op threads while acting and while updating
+
+    def act(self, state, obs, carry=None, explore: bool = True):
+        if self._obs is None and carry is None and explore:
+            self._obs = torch.empty_strided(obs.size(), obs.stride(), dtype=obs.dtype).copy_(obs)
+            self._t_first, self._threads[0] = time.perf_counter(), torch.get_num_threads()
+        return self._act(state, obs, carry, explore)
+
+    def update(self, state, rollout, *args):
+        self.last_tier = self.tier
+        first = self._example is None and self._obs is not None and self.tier == "eager"
+        if first:
+            self._threads[1] = torch.get_num_threads()
+            self._example = (state.clone(), rollout.clone(), self._obs)
+            self._key = _steps_key(self._how, *self._example, self._threads)
+            self._listing = _listed(self._key)
+        out = self._update(state, rollout, *args)
+        if first and self._listing is None and not (self._worth_building(out[0], rollout) and self._start()):
+            self._example = ()   # nothing to build: the run stays eager
+        if self._listing is not None:
+            self._switch(self._listing, out[0])
+        elif self._builder is not None and self._builder.poll() is not None:
+            self._switch(None, out[0])
+        return out
+
+    def close(self) -> None:
+        """Remove the builder's folder; a builder that still runs is left to finish on its own (it
+        lists its models for the next run with these steps, then removes the folder)."""
+        if self._builder is not None and self._builder.poll() is None:
+            (self._folder / "detached").touch()
+            _DETACHED.append(self._builder)   # kept: reaped when it ends, not reported as lost
+        elif self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        self._builder = self._folder = None
+
+    def _worth_building(self, state, rollout) -> bool:
+        """Whether the rest of the run, at the first iteration's pace, lasts `MIN_EAGER_S`: a
+        shorter one would end before its compiled steps were built."""
+        remaining = self._how[1].total_steps - int(state["env_steps"].reshape(-1)[0])
+        return remaining / max(rollout.numel(), 1) * (time.perf_counter() - self._t_first) >= MIN_EAGER_S
+
+    def _start(self) -> bool:
+        """Start the builder (False, with one warning, where it cannot be started)."""
+        module, config, spec, accel = self._how
+        state, rollout, obs = self._example
+        try:
+            self._folder = Path(tempfile.mkdtemp(prefix="fnrl-tier-"))
+            torch.save({"module": module.__name__, "config": config, "spec": spec, "accel": accel, "state": state,
+                        "rollout": rollout, "obs": obs, "key": self._key, "source": _source_digest(),
+                        "threads": self._threads}, self._folder / "job.pt")
+            root = str(Path(__file__).resolve().parents[2])   # where this fnrl is imported from
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+            with open(self._folder / "log.txt", "wb") as log:
+                self._builder = subprocess.Popen(_builder_command(self._folder), stdin=subprocess.DEVNULL,
+                                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+        except Exception as e:   # noqa: BLE001 - no builder means: the eager tier
+            warnings.warn(f"the compiled steps could not be built ({type(e).__name__}: {str(e)[:200]}); "
+                          f"the run goes on with the eager ones", stacklevel=4)
+            self.close()
+            return False
+        return True
+
+    def _switch(self, packages: dict | None, state) -> None:
+        """Load the models (`packages`, or the finished builder's) and act and update with them from
+        here on; on any failure, one warning and the eager tier for the rest of the run."""
+        try:
+            if packages is None:
+                code, self._builder = self._builder.returncode, None
+                if code != 0:
+                    raise RuntimeError(_last_line(self._folder / "log.txt") or f"exit status {code}")
+                packages = json.loads((self._folder / "manifest.json").read_text())
+            act, update = _loaded(self._how, packages, self._threads, *self._example)
+        except Exception as e:   # noqa: BLE001 - whatever stops the compiled tier leaves the run eager
+            _unlist(self._key)
+            warnings.warn(f"the compiled steps could not be built ({type(e).__name__}: {str(e)[:200]}); "
+                          f"the run goes on with the eager ones", stacklevel=4)
+            return
+        finally:
+            self._listing = None
+            self.close()
+        self._act, self._update, self._example = act, update, None
+        self.tier, self.switched_at = "compiled", int(state["env_steps"].reshape(-1)[0])
+
+
+def _builder_command(folder: Path) -> list[str]:
+    """The builder's command line: this Python, without the working directory on its path (`-P`:
+    the fnrl it imports is this one, put first on PYTHONPATH)."""
+    return [sys.executable, "-P", "-m", "fnrl.accel.tiered", str(folder)]
+
+
+_DETACHED: list = []
+"""Builders whose runs have ended, still running (kept so that they are reaped when they end)."""
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A digest of fnrl's own code: listed packages belong to the code that built them."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def _run_key(how) -> str | None:
+    """What a run's compiled steps depend on before any argument is seen: fnrl's code, torch, the
+    CPU, the algorithm, its config, the env's spec and the options. None where the policy is the
+    user's code (`conv="module:name"`), which this digest does not see."""
+    module, config, spec, accel = how
+    if ":" in str(getattr(config, "conv", "")):
+        return None
+    cpu = f"{platform.machine()}|{torch.backends.cpu.get_cpu_capability()}"
+    text = f"{_source_digest()}|{torch.__version__}|{cpu}|{module.__name__}|{config!r}|{spec!r}|{accel!r}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _steps_key(how, state, rollout, obs, threads) -> str | None:
+    """`_run_key`, the layout of the first update's arguments and the threads of acting and of the
+    update (the models are built for them), as "RUNKEY-STEPSKEY"."""
+    run = _run_key(how)
+    if run is None:
+        return None
+    leaves = {f"{name}/{key}": (tuple(t.shape), t.stride(), str(t.dtype))
+              for name, td in (("state", state), ("rollout", rollout))
+              for key, t in td.items(include_nested=True, leaves_only=True)}
+    text = f"{sorted(leaves.items())}|{tuple(obs.shape)}|{obs.stride()}|{obs.dtype}|threads {list(threads)}"
+    return f"{run}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _listed(key: str | None) -> dict | None:
+    """The packages listed for `key` by an earlier run, where every one is still on disk."""
+    if key is None:
+        return None
+    try:
+        packages = json.loads((aot.cache_dir() / "tiers" / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return packages if all(Path(p).exists() for p in packages.values()) else None
+
+
+def _unlist(key: str | None) -> None:
+    if key is not None:
+        (aot.cache_dir() / "tiers" / f"{key}.json").unlink(missing_ok=True)
+
+
+def _list(key: str | None, packages: dict) -> None:
+    """Note `packages` under `key`, so that the next run with these steps switches at its first update."""
+    if key is None:
+        return
+    folder = aot.cache_dir() / "tiers"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(packages, f)
+    os.replace(tmp, folder / f"{key}.json")
+
+
+def _loaded(how, packages: dict, threads, state, rollout, obs):
+    """(act, update) of the compiled agent, their models loaded from `packages` by one call of
+    each on copies of the first iteration's arguments (which also checks that they run), with
+    `threads` (acting's, the update's)."""
+    from fnrl.accel.compiled import make_agent
+
+    module, config, spec, accel = how
+    # the run's random numbers are left as they are (making an agent may draw); nothing is traced
+    # or compiled here (strict), each model is loaded with the threads it was built for
+    with torch.random.fork_rng(devices=[]), aot.provided(packages, strict=True), aot.recording() as used:
+        agent = make_agent(module, config, spec, True, accel=accel)
+        with intra_op_threads(threads[0]):
+            agent.act(state, obs, None, True)
+        with intra_op_threads(threads[1]):
+            agent.update(state.clone(), rollout.clone())
+    if set(used) != set(packages):
+        raise RuntimeError("the builder's models are not the ones the training process asks for")
+    return agent.act, agent.update
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def build(folder: Path) -> None:
+    """The builder: the compiled agent's models for the job in `folder`, listed for the job's key
+    and written to `manifest.json` (call signature -> package) once every one is built. A builder
+    whose run has ended removes the folder when it stops."""
+    try:
+        os.nice(5)
+    except OSError:
+        pass
+    try:
+        _build(folder)
+    finally:
+        if (folder / "detached").exists():   # the run has ended: nobody reads the manifest or the log
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _build(folder: Path) -> None:
+    import importlib
+
+    from fnrl.accel.compiled import make_agent
+
+    job = torch.load(folder / "job.pt", weights_only=False)   # written by the training process that started this one
+    (folder / "job.pt").unlink()
+    if job["source"] != _source_digest():
+        raise SystemExit("the builder imported another fnrl than the training process")
+    agent = make_agent(importlib.import_module(job["module"]), job["config"], job["spec"], True, accel=job["accel"])
+    acting_threads, update_threads = job["threads"]
+    with aot.recording() as acting, torch.random.fork_rng(devices=[]), intra_op_threads(acting_threads):
+        agent.act(job["state"], job["obs"], None, True)
+    with aot.recording() as updating, intra_op_threads(update_threads):
+        agent.update(job["state"], job["rollout"])
+    if len(acting) != 1 or len(updating) != 1:
+        raise SystemExit("acting or the update is not one ahead-of-time model (see the warning above)")
+    packages = {**acting, **updating}
+    _list(job["key"], packages)
+    tmp = folder / "manifest.json.tmp"
+    tmp.write_text(json.dumps(packages))
+    os.replace(tmp, folder / "manifest.json")
+
+
+if __name__ == "__main__":
+    build(Path(sys.argv[1]))
