@@ -136,6 +136,19 @@ def test_a_run_that_ends_first_leaves_its_builder_to_list_the_steps_for_the_next
     assert tiers == ["eager", "compiled", "compiled"]
 
 
+def test_a_run_ended_by_an_error_stops_its_builder(builders, tmp_path):
+    class Fails:
+        def on_log(self, event):
+            if event.env_steps >= 3 * T * B:   # the builder started after the first update
+                raise RuntimeError("a user's callback failed")
+
+    config = dataclasses.replace(CONFIG, total_steps=50 * T * B)
+    _unlist(config)
+    with pytest.raises(RuntimeError, match="callback failed"):
+        train("ppo", config, compile="tiered", log_dir=tmp_path / "run", callbacks=[Fails()], **QUIET)
+    assert not list(builders.iterdir())   # stopped, and its folder removed (a detached builder keeps it)
+
+
 def test_a_failed_build_leaves_the_run_eager_with_one_warning(builders, tmp_path, monkeypatch):
     monkeypatch.setattr(tiered, "_builder_command",
                         lambda folder: [sys.executable, "-c", "import sys; sys.exit('no C++ compiler here')"])

@@ -14,7 +14,9 @@ from fnrl.train import train
 
 
 def _progress(run) -> list[dict]:
-    return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(open(run / "progress.csv"))]
+    """The numeric columns of progress.csv (not `tier`, which trackers skip as they skip any text)."""
+    return [{k: float(v) for k, v in row.items() if v not in ("", None) and k != "tier"}
+            for row in csv.DictReader(open(run / "progress.csv"))]
 
 
 def _expected(rows: list[dict], prefix=lambda row: "", sep="/") -> dict:

@@ -4,6 +4,7 @@
     ...                                                # the loop trains with it as with any agent
     agent.tier                                         # "eager", then "compiled"
     agent.close()                                      # at the end (a builder still running goes on)
+    agent.close(interrupted=True)                      # ... or, after a signal or an error, stops
 
 At the first update the agent copies that update's arguments and the observations of the first
 acting call. If an earlier run listed compiled models for exactly these steps (`_steps_key`: fnrl's
@@ -18,7 +19,8 @@ the training process checks, without waiting, whether the builder is done; when 
 the packages (`fnrl.accel.aot.provided`: no tracing or compiling in the training process) and
 trains on them from the next iteration on. The switch is at an iteration boundary (the update is
 the last step of an on-policy iteration). A run that ends first leaves its builder to finish on
-its own, so that the next run with these steps switches at its first update.
+its own, so that the next run with these steps switches at its first update; a run stopped by a
+signal or an error stops its builder too.
 
 The tiers compute the same functions: eager and compiled acting draw the same random numbers
 (Inductor's `fallback_random`), the minibatch order comes from the seed and the env steps, and the
@@ -106,9 +108,13 @@ class TieredAgent:
             self._switch(None, out[0])
         return out
 
-    def close(self) -> None:
-        """Remove the builder's folder; a builder that still runs is left to finish on its own (it
-        lists its models for the next run with these steps, then removes the folder)."""
+    def close(self, interrupted: bool = False) -> None:
+        """Remove the builder's folder. A builder that still runs is left to finish on its own (it
+        lists its models for the next run with these steps, then removes the folder), unless the
+        run was `interrupted` (a signal, an error): then it is stopped too."""
+        if self._builder is not None and self._builder.poll() is None and interrupted:
+            self._builder.kill()
+            self._builder.wait()
         if self._builder is not None and self._builder.poll() is None:
             (self._folder / "detached").touch()
             _DETACHED.append(self._builder)   # kept: reaped when it ends, not reported as lost

@@ -3,6 +3,7 @@ and the compiled agent, the initial (or resumed) state, the evaluation, the prog
 the update's threads."""
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -71,9 +72,10 @@ def tier_of(plan, agent) -> str:
 
 
 def close_agent(agent) -> None:
-    """A tiered agent's end: its builder's folder removed, or a builder still running left to finish."""
+    """A tiered agent's end (in the loop's `finally`): a builder still running is left to finish,
+    or stopped where an exception (a stop signal's, an error) ends the run."""
     if isinstance(agent, tiered.TieredAgent):
-        agent.close()
+        agent.close(interrupted=sys.exc_info()[0] is not None)
 
 
 def initial_state(plan, world, agent):
