@@ -143,8 +143,7 @@ class TieredAgent:
                 self._builder = subprocess.Popen(_builder_command(self._folder), stdin=subprocess.DEVNULL,
                                                  stdout=log, stderr=subprocess.STDOUT, env=env)
         except Exception as e:   # noqa: BLE001 - no builder means: the eager tier
-            warnings.warn(f"the compiled steps could not be built ({type(e).__name__}: {str(e)[:200]}); "
-                          f"the run goes on with the eager ones", stacklevel=4)
+            _stays_eager(e)
             self.close()
             return False
         return True
@@ -161,14 +160,19 @@ class TieredAgent:
             act, update = _loaded(self._how, packages, self._threads, *self._example)
         except Exception as e:   # noqa: BLE001 - whatever stops the compiled tier leaves the run eager
             _unlist(self._key)
-            warnings.warn(f"the compiled steps could not be built ({type(e).__name__}: {str(e)[:200]}); "
-                          f"the run goes on with the eager ones", stacklevel=4)
+            _stays_eager(e)
             return
         finally:
             self._listing = None
             self.close()
         self._act, self._update, self._example = act, update, None
         self.tier, self.switched_at = "compiled", int(state["env_steps"].reshape(-1)[0])
+
+
+def _stays_eager(error: Exception) -> None:
+    """The one warning of a run whose compiled steps cannot be built (the update's caller's line)."""
+    warnings.warn(f"the compiled steps could not be built ({type(error).__name__}: {str(error)[:200]}); "
+                  f"the run goes on with the eager ones", stacklevel=5)
 
 
 def _builder_command(folder: Path) -> list[str]:
