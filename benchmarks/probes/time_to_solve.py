@@ -112,12 +112,11 @@ def run_fnrl(flags: list[str], seed: int, caches: Path) -> dict:
     seconds = time.perf_counter() - t0
     builder = wait_for_builders()
     rows = list(csv.DictReader(open(run / "progress.csv")))
-    tiers = [r["tier"] for r in rows]
     switched = next((int(r["env_steps"]) for r in rows if r["tier"] == "compiled"), None)
     shutil.rmtree(run.parent, ignore_errors=True)
     return {"seconds": seconds, "steps": int(rows[-1]["env_steps"]), "return": float(rows[-1]["return_mean"]),
             "loop": float(rows[-1]["wall_s"]), "builder": builder, "switched": switched,
-            "solved": float(rows[-1]["return_mean"]) >= 475, "tiers": set(tiers)}
+            "solved": float(rows[-1]["return_mean"]) >= 475}
 
 
 def run_peer(python: str, script: str, args: list[str]) -> dict:
