@@ -132,8 +132,9 @@ WORKLOADS = [
              "CleanRL Atari settings, 8 envs x 128, Nature CNN"),
     # 64k steps per seed in both rows: each measured second half lasts several seconds (the 8 seeds'
     # once ran 16k steps, under 2 s measured, and its ratio read 3.8-5.2x in three runs)
-    Workload("ppo-default-1seed", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536, None,
-             "fnrl's default PPO CartPole config (8 envs x 32 steps), one seed", contenders=("raw", "compiled")),
+    Workload("ppo-default-1seed", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536,
+             "ppo_default_cartpole", "fnrl's default PPO CartPole config (rl-zoo3's: 8 envs x 32 steps, 20 epochs of "
+             "one minibatch), one seed", contenders=("raw", "compiled", "eager", "sb3")),
     Workload("ppo-default-8seeds", "ppo", dict(env_id="CartPole-v1", total_steps=100_000), 100_000, 65_536, None,
              "the same config, 8 seeds vmapped in one process (`--num-seeds 8`; steps are per seed, SPS counts "
              "all seeds)", train_kwargs={"num_seeds": 8}, contenders=("raw", "compiled")),
@@ -262,6 +263,17 @@ def sb3_ppo(env, lr=2.5e-4, **kw):
                device=device(), seed=1, verbose=0, **kw)
 
 
+def sb3_ppo_default_cartpole(w: Workload):
+    """SB3's PPO on fnrl's default CartPole config, rl-zoo3's hyperparams/ppo.yml (CartPole-v1)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=1)
+    return PPO("MlpPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gamma=0.98, gae_lambda=0.8,
+               learning_rate=linear_lr(1e-3), clip_range=linear_lr(0.2), ent_coef=0.0, device=device(), seed=1,
+               verbose=0)
+
+
 def sb3_ppo_cartpole(w: Workload):
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -323,7 +335,8 @@ def sb3_sac_halfcheetah(w: Workload):
                device=device(), seed=1, verbose=0)
 
 
-SB3_MODELS = {"ppo_cartpole": sb3_ppo_cartpole, "ppo_pong": sb3_ppo_pong, "dqn_cartpole": sb3_dqn_cartpole,
+SB3_MODELS = {"ppo_cartpole": sb3_ppo_cartpole, "ppo_default_cartpole": sb3_ppo_default_cartpole,
+              "ppo_pong": sb3_ppo_pong, "dqn_cartpole": sb3_dqn_cartpole,
               "dqn_pong": sb3_dqn_pong, "sac_halfcheetah": sb3_sac_halfcheetah}
 
 

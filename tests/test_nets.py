@@ -1,7 +1,10 @@
 import pytest
 import torch
 
+from tensordict import TensorDict
+
 from fnrl.nets import A3CConv, ActorCritic, NatureCNN, call, parameters
+from fnrl.nets.core import Linear, NarrowLinear, Tanh, _chain
 
 
 def test_functional_call_equals_module_call():
@@ -15,6 +18,62 @@ def test_functional_call_equals_module_call():
     # parameters are a copy: changing them changes the functional output only
     params["actor", "4", "bias"] += 1.0
     assert not torch.allclose(call(net, params, obs)[0], ref_logits)
+
+
+def _mlp(*layers):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: _mlp(Linear(4, 8), Tanh(), NarrowLinear(8, 2)),
+    lambda: _mlp(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Identity(), torch.nn.Linear(8, 3), torch.nn.Tanh()),
+])
+def test_a_plain_mlp_runs_as_its_ops_with_the_modules_numbers_and_gradients(build):
+    """`call` runs a Sequential of linear layers and activations as its ops in eager mode: bit for bit
+    the module's outputs and gradients, under vmap too."""
+    net = build()
+    assert _chain(net) is not None
+    params = parameters(net)
+    obs = torch.randn(5, 4)
+    assert torch.equal(call(net, params, obs), net(obs))
+    leaves = [p.detach().requires_grad_() for p in params.values(True, True)]
+    tree = TensorDict(dict(zip(params.keys(True, True), leaves)), []).unflatten_keys(".")
+    grads = torch.autograd.grad(call(net, parameters(net).update(tree), obs).square().sum(), leaves)
+    net(obs).square().sum().backward()
+    for g, ref in zip(grads, [net.get_parameter(".".join(k)).grad for k in params.keys(True, True)]):
+        assert torch.equal(g, ref)
+    stacked = torch.stack([params, params.apply(lambda x: x + 0.1)])
+    out = torch.func.vmap(lambda p: call(net, p, obs))(stacked)
+    torch.testing.assert_close(out[1], torch.func.functional_call(net, stacked[1].flatten_keys(".").to_dict(), (obs,)))
+
+
+def test_modules_other_than_a_plain_mlp_are_called_with_their_tensors_swapped_in():
+    """Any other layer, an in-place ReLU or a forward hook: the module itself runs (with `params`)."""
+    assert _chain(_mlp(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8))) is None
+    assert _chain(_mlp(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True))) is None
+    assert _chain(ActorCritic((4,), 2, continuous=False)) is None
+    net = _mlp(torch.nn.Linear(4, 3))
+    seen = []
+    net[0].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    call(net, parameters(net), torch.randn(2, 4))
+    assert seen == [(2, 3)]
+
+
+def test_the_policy_without_its_value_is_the_same_distribution():
+    """`actor_critic_policy`'s `policy(params, obs, value=False)`: the same action distribution, no value."""
+    from fnrl.algos.common import actor_critic_policy
+    from fnrl.envs import EnvSpec
+
+    spec = EnvSpec("Toy-v0", 3, (4,), torch.float32, (), torch.int64, num_actions=2)
+    build, policy = actor_critic_policy(spec)
+    params = parameters(build())
+    obs = torch.randn(3, 4)
+    (logits,), value = policy(params, obs)
+    (alone,), none = policy(params, obs, value=False)
+    assert none is None and value.shape == (3,) and torch.equal(alone, logits)
+    ref_logits, ref_value = call(build(), params, obs)
+    assert torch.equal(logits, ref_logits) and torch.equal(value, ref_value)
 
 
 def test_orthogonal_init_gains():

@@ -323,19 +323,28 @@ def actor_critic_policy(spec: EnvSpec, hidden=(64, 64), activation: str = "tanh"
 
     Returns `(build, policy)`: `build()` makes a freshly initialized `ActorCritic`, and
     `policy(params, obs) -> (dist, value)` evaluates it functionally, with `dist` the
-    tuple that `action_dist(spec)`'s functions take.
+    tuple that `action_dist(spec)`'s functions take. `policy(params, obs, value=False)`
+    returns `(dist, None)`, leaving out the critic where it has an MLP of its own (vector
+    observations): eager acting skips its cost, and a compiled graph drops it either way.
     """
     from fnrl.nets import ActorCritic, call
+    from fnrl.nets.core import Flatten
 
     def build():
         return ActorCritic(spec.obs_shape, spec.action_dim, spec.continuous, hidden, activation, conv,
                            init_log_std)
 
     net = build()
+    separate = isinstance(net.torso, Flatten)   # the actor's and critic's own MLPs on the flat observation
 
-    def policy(params, obs):
-        out, value = call(net, params, obs)
-        return ((out, params["log_std"].expand_as(out)) if spec.continuous else (out,)), value
+    def policy(params, obs, value: bool = True):
+        if separate:   # each MLP called alone: `fnrl.nets.call` runs a plain MLP as its ops in eager mode
+            flat = net.torso(obs)
+            out = call(net.actor, params["actor"], flat)
+            v = call(net.critic, params["critic"], flat).squeeze(-1) if value else None
+        else:
+            out, v = call(net, params, obs)
+        return ((out, params["log_std"].expand_as(out)) if spec.continuous else (out,)), (v if value else None)
 
     return build, policy
 

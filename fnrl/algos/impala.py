@@ -184,7 +184,7 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
         if recurrent:
             d, _, carry, extras["carry"] = rnn.step(state["params"], obs, carry)
         else:
-            d, _ = policy(state["params"], obs)
+            d, _ = policy(state["params"], obs, value=False)
         action = dist.sample(*d) if explore else dist.mode(*d)
         return action, {"logp": dist.log_prob(*d, action), **extras}, carry
 

@@ -351,7 +351,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
         if recurrent:
             d, value, carry, extras["carry"] = rnn.step(state["params"], observe(state, obs), carry)
         else:
-            d, value = policy(state["params"], observe(state, obs))
+            d, value = policy(state["params"], observe(state, obs), value=value_in_act)
         if value_in_act:
             extras["value"] = value
         action = dist.sample(*d) if explore else dist.mode(*d)

@@ -131,13 +131,21 @@ def call(module: nn.Module, params: TensorDict, *inputs):
     """`module(*inputs)` with `params` (a TensorDict shaped like `parameters(module)`) in
     place of its own parameters and buffers.
 
-    Under torch.compile this is `torch.func.functional_call` (traced away). Outside it the
-    tensors are swapped straight into the submodules' parameter dicts and back, which costs
-    about a tenth of functional_call's generic swapping on small networks (it is the eager
-    acting path). Both work under torch.func transforms (vmap, grad).
+    Under torch.compile this is `torch.func.functional_call` (traced away). Outside it, an
+    `nn.Sequential` of linear layers and tanh / ReLU activations (`_chain`) runs as its ops
+    straight on `params`' tensors, without the modules' calls; any other module gets the
+    tensors swapped straight into its submodules' parameter dicts and back, which costs about
+    a tenth of functional_call's generic swapping on small networks. Every form computes the
+    same ops, and all work under torch.func transforms (vmap, grad).
     """
     if torch.compiler.is_compiling():
         return torch.func.functional_call(module, params.flatten_keys(".").to_dict(), inputs)
+    chain = _chain(module)
+    if chain is not None and len(inputs) == 1 and not _hooked(module):
+        x = inputs[0]
+        for op, weight, bias in chain:
+            x = op(x) if weight is None else nn.functional.linear(x, params.get(weight), params.get(bias))
+        return x
     slots = _slots(module)
     values = [params.get(key) for _, _, key in slots]
     saved = [table[name] for table, name, _ in slots]
@@ -148,6 +156,38 @@ def call(module: nn.Module, params: TensorDict, *inputs):
     finally:
         for (table, name, _), value in zip(slots, saved):
             table[name] = value
+
+
+_CHAIN_OPS = {Tanh: torch.tanh, nn.Tanh: torch.tanh, nn.ReLU: torch.relu, nn.Identity: None}
+
+
+def _chain(module: nn.Module) -> list | None:
+    """`module`'s ops in eager mode when it is an `nn.Sequential` of `nn.Linear` (fnrl's
+    subclasses included: eager, they are `F.linear`) and tanh / ReLU / identity layers, else
+    None: a list of (op, None, None) or (None, weight key, bias key), computed once per module."""
+    if "_fnrl_chain" not in module.__dict__:
+        chain = [] if type(module) is nn.Sequential else None
+        for name, layer in module.named_children() if chain is not None else ():
+            if isinstance(layer, nn.Linear) and type(layer).forward in (nn.Linear.forward, Linear.forward) \
+                    and layer.bias is not None:
+                chain.append((None, (name, "weight"), (name, "bias")))
+            elif type(layer) in _CHAIN_OPS and not (isinstance(layer, nn.ReLU) and layer.inplace):
+                if _CHAIN_OPS[type(layer)] is not None:
+                    chain.append((_CHAIN_OPS[type(layer)], None, None))
+            else:
+                chain = None
+                break
+        module.__dict__["_fnrl_chain"] = chain
+    return module.__dict__["_fnrl_chain"]
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether a forward hook (global, or of `module` or a layer) would be skipped by `_chain`'s ops."""
+    from torch.nn.modules import module as module_lib
+
+    if module_lib._global_forward_hooks or module_lib._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in (module, *module._modules.values()))
 
 
 def _slots(module: nn.Module) -> list[tuple[dict, str, tuple[str, ...]]]:
