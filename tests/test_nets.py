@@ -20,19 +20,19 @@ def test_functional_call_equals_module_call():
     assert not torch.allclose(call(net, params, obs)[0], ref_logits)
 
 
-def _mlp(*layers):
-    torch.manual_seed(0)
-    return torch.nn.Sequential(*layers)
+_TANH = torch.nn.Tanh()
 
 
-@pytest.mark.parametrize("build", [
-    lambda: _mlp(Linear(4, 8), Tanh(), NarrowLinear(8, 2)),
-    lambda: _mlp(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Identity(), torch.nn.Linear(8, 3), torch.nn.Tanh()),
+@pytest.mark.parametrize("layers", [
+    lambda: [Linear(4, 8), Tanh(), NarrowLinear(8, 2)],
+    lambda: [torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Identity(), torch.nn.Linear(8, 3), torch.nn.Tanh()],
+    lambda: [torch.nn.Linear(4, 8), _TANH, torch.nn.Linear(8, 8), _TANH],   # a layer used twice runs twice
 ])
-def test_a_plain_mlp_runs_as_its_ops_with_the_modules_numbers_and_gradients(build):
+def test_a_plain_mlp_runs_as_its_ops_with_the_modules_numbers_and_gradients(layers):
     """`call` runs a Sequential of linear layers and activations as its ops in eager mode: bit for bit
-    the module's outputs and gradients, under vmap too."""
-    net = build()
+    the module's outputs and gradients; under vmap, each row the module's output to float tolerance."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*layers())
     assert _chain(net) is not None
     params = parameters(net)
     obs = torch.randn(5, 4)
@@ -45,19 +45,31 @@ def test_a_plain_mlp_runs_as_its_ops_with_the_modules_numbers_and_gradients(buil
         assert torch.equal(g, ref)
     stacked = torch.stack([params, params.apply(lambda x: x + 0.1)])
     out = torch.func.vmap(lambda p: call(net, p, obs))(stacked)
-    torch.testing.assert_close(out[1], torch.func.functional_call(net, stacked[1].flatten_keys(".").to_dict(), (obs,)))
+    for row in range(2):
+        ref = torch.func.functional_call(net, stacked[row].flatten_keys(".").to_dict(), (obs,))
+        torch.testing.assert_close(out[row], ref)
 
 
 def test_modules_other_than_a_plain_mlp_are_called_with_their_tensors_swapped_in():
-    """Any other layer, an in-place ReLU or a forward hook: the module itself runs (with `params`)."""
-    assert _chain(_mlp(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8))) is None
-    assert _chain(_mlp(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True))) is None
+    """Any other layer, an in-place ReLU, a parametrized weight or a hook: the module itself runs
+    (with `params`); a Sequential changed after a call gets its ops again."""
+    seq = torch.nn.Sequential
+    assert _chain(seq(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8))) is None
+    assert _chain(seq(torch.nn.Linear(4, 8), torch.nn.ReLU(inplace=True))) is None
     assert _chain(ActorCritic((4,), 2, continuous=False)) is None
-    net = _mlp(torch.nn.Linear(4, 3))
-    seen = []
-    net[0].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    normed = seq(torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3)))
+    assert _chain(normed) is None
+    torch.testing.assert_close(call(normed, parameters(normed), torch.ones(2, 4)), normed(torch.ones(2, 4)))
+    for register in ("register_forward_hook", "register_full_backward_hook"):
+        net = seq(torch.nn.Linear(4, 3))
+        seen = []
+        getattr(net[0], register)(lambda module, args, out: seen.append(module))
+        call(net, parameters(net), torch.randn(2, 4, requires_grad=True)).sum().backward()
+        assert seen == [net[0]]
+    net = seq(torch.nn.Linear(4, 3))
     call(net, parameters(net), torch.randn(2, 4))
-    assert seen == [(2, 3)]
+    net.append(torch.nn.Linear(3, 2))
+    assert call(net, parameters(net), torch.randn(2, 4)).shape == (2, 2)
 
 
 def test_the_policy_without_its_value_is_the_same_distribution():

@@ -163,31 +163,39 @@ _CHAIN_OPS = {Tanh: torch.tanh, nn.Tanh: torch.tanh, nn.ReLU: torch.relu, nn.Ide
 
 def _chain(module: nn.Module) -> list | None:
     """`module`'s ops in eager mode when it is an `nn.Sequential` of `nn.Linear` (fnrl's
-    subclasses included: eager, they are `F.linear`) and tanh / ReLU / identity layers, else
-    None: a list of (op, None, None) or (None, weight key, bias key), computed once per module."""
-    if "_fnrl_chain" not in module.__dict__:
-        chain = [] if type(module) is nn.Sequential else None
-        for name, layer in module.named_children() if chain is not None else ():
-            if isinstance(layer, nn.Linear) and type(layer).forward in (nn.Linear.forward, Linear.forward) \
-                    and layer.bias is not None:
-                chain.append((None, (name, "weight"), (name, "bias")))
-            elif type(layer) in _CHAIN_OPS and not (isinstance(layer, nn.ReLU) and layer.inplace):
-                if _CHAIN_OPS[type(layer)] is not None:
-                    chain.append((_CHAIN_OPS[type(layer)], None, None))
-            else:
-                chain = None
-                break
-        module.__dict__["_fnrl_chain"] = chain
-    return module.__dict__["_fnrl_chain"]
+    subclasses included: eager, they are `F.linear`) with its own weight and bias, and tanh /
+    ReLU / identity layers, else None: a list of (op, None, None) or (None, weight key, bias key).
+    Computed once per module and again whenever its layers change (a layer used twice runs twice)."""
+    layers = tuple(module._modules.items())
+    cached = module.__dict__.get("_fnrl_chain")
+    if cached is not None and len(cached[0]) == len(layers) and all(
+            name == n and layer is m for (name, layer), (n, m) in zip(cached[0], layers)):
+        return cached[1]
+    chain = [] if type(module) is nn.Sequential else None
+    for name, layer in layers if chain is not None else ():
+        if isinstance(layer, nn.Linear) and type(layer).forward in (nn.Linear.forward, Linear.forward) \
+                and layer._parameters.get("weight") is not None and layer._parameters.get("bias") is not None:
+            chain.append((None, (name, "weight"), (name, "bias")))
+        elif type(layer) in _CHAIN_OPS and not (isinstance(layer, nn.ReLU) and layer.inplace):
+            if _CHAIN_OPS[type(layer)] is not None:
+                chain.append((_CHAIN_OPS[type(layer)], None, None))
+        else:
+            chain = None
+            break
+    module.__dict__["_fnrl_chain"] = (layers, chain)
+    return chain
 
 
 def _hooked(module: nn.Module) -> bool:
-    """Whether a forward hook (global, or of `module` or a layer) would be skipped by `_chain`'s ops."""
-    from torch.nn.modules import module as module_lib
+    """Whether a hook (global, or of `module` or a layer; forward or backward) would be skipped by
+    `_chain`'s ops."""
+    from torch.nn.modules import module as lib
 
-    if module_lib._global_forward_hooks or module_lib._global_forward_pre_hooks:
+    if lib._global_forward_hooks or lib._global_forward_pre_hooks or lib._global_backward_hooks \
+            or lib._global_backward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in (module, *module._modules.values()))
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in (module, *module._modules.values()))
 
 
 def _slots(module: nn.Module) -> list[tuple[dict, str, tuple[str, ...]]]:
