@@ -132,7 +132,7 @@ _new_unsafe = getattr(TensorDict, "_new_unsafe", None)
 def _unbatched(node: dict) -> TensorDict:
     """The TensorDict (batch size [], no device) of nested dicts of tensors: built without
     tensordict's checks of every value where it offers that (`TensorDict._new_unsafe`; the
-    layouts' keys and leaves are known good), at half the cost of `TensorDict(node, [])`."""
+    layouts' keys and leaves are known good)."""
     items = {k: _unbatched(v) if type(v) is dict else v for k, v in node.items()}
     return TensorDict(items, batch_size=[]) if _new_unsafe is None else _new_unsafe(items, batch_size=_SCALAR)
 
