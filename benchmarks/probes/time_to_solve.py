@@ -40,7 +40,7 @@ from machine import cpu_model  # noqa: E402
 OUTPUT = Path(__file__).with_suffix(".md")
 MODES = {"tiered (default)": [], "--compile": ["--compile"], "--no-compile": ["--no-compile"]}
 
-PUREJAXRL = r'''
+PUREJAXRL_SETUP = r'''
 import re, shutil, sys, tempfile, time
 from pathlib import Path
 t0 = time.perf_counter()
@@ -60,6 +60,11 @@ w = w.replace("""        obs, state, reward, done, info = self._env.step(key, st
 sys.path.insert(0, str(dst))
 import jax
 from ppo import make_train
+'''
+"""A purejaxrl checkout (`sys.argv[1]`) copied and patched for gymnax 1.0 (terminated | truncated;
+brax and navix imports optional), then `jax` and its `make_train` imported; `t0` is the start."""
+
+PUREJAXRL = PUREJAXRL_SETUP + r'''
 config = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e5, "UPDATE_EPOCHS": 4,
           "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.01,
           "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5, "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1",
