@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ OUTPUT = Path(__file__).with_suffix(".md")
 WORKLOADS = ("ppo-cartpole-4", "ppo-default-1seed")
 
 sys.path.insert(0, str(HERE.parent))   # benchmarks/: machine
-from machine import cpu_model  # noqa: E402
+from machine import cpu_model, in_turns  # noqa: E402
 
 
 def measure(python: str, kind: str, workload: str, steps: int) -> float:
@@ -40,10 +39,6 @@ def measure(python: str, kind: str, workload: str, steps: int) -> float:
     if out.returncode != 0:
         raise SystemExit(f"{kind} {workload} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(out.stdout.strip().splitlines()[-1])["sps"]
-
-
-def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
 
 
 def main(argv=None) -> int:
@@ -71,10 +66,7 @@ def main(argv=None) -> int:
              "| workload | fnrl eager (`--no-compile`) | stable-baselines3 | eager / SB3 |",
              "|---|---:|---:|---:|"]
     for w in WORKLOADS:
-        e, s = sps[w, "eager"], sps[w, "sb3"]
-        ratios = [a / b for a, b in zip(e, s)]
-        lines.append(f"| `{w}` | {spread(e)} | {spread(s)} | {statistics.median(e) / statistics.median(s):.2f}x "
-                     f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+        lines.append(f"| `{w}` | {in_turns(sps[w, 'eager'], sps[w, 'sb3'])} |")
     lines += ["", f"Reproduce: `python benchmarks/probes/eager_vs_sb3.py --sb3-python PYTHON_WITH_SB3 "
                   f"--rounds {args.rounds} --steps {args.steps}`."]
     OUTPUT.write_text("\n".join(lines) + "\n")

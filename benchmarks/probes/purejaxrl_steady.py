@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ OUTPUT = Path(__file__).with_suffix(".md")
 
 sys.path.insert(0, str(HERE.parent))   # benchmarks/: machine
 sys.path.insert(0, str(HERE))          # probes/: the purejaxrl patch of time_to_solve
-from machine import cpu_model  # noqa: E402
+from machine import cpu_model, in_turns  # noqa: E402
 from time_to_solve import PUREJAXRL_SETUP  # noqa: E402
 
 PUREJAXRL_STEADY = PUREJAXRL_SETUP + r'''
@@ -65,10 +64,6 @@ def purejaxrl_sps(python: str, checkout: str, envs: int, steps: int) -> float:
     return float(out.stdout.split("RESULT sps=", 1)[1].split()[0])
 
 
-def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--purejaxrl", required=True, help="a purejaxrl checkout")
@@ -95,10 +90,7 @@ def main(argv=None) -> int:
              "over rounds (each round's fnrl over the same round's purejaxrl).", "",
              "| envs | fnrl `--sampler graph` | purejaxrl | fnrl / purejaxrl |", "|---:|---:|---:|---:|"]
     for b in widths:
-        f, j = sps[b, "fnrl"], sps[b, "purejaxrl"]
-        ratios = [x / y for x, y in zip(f, j)]
-        lines.append(f"| {b} | {spread(f)} | {spread(j)} | {statistics.median(f) / statistics.median(j):.2f}x "
-                     f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+        lines.append(f"| {b} | {in_turns(sps[b, 'fnrl'], sps[b, 'purejaxrl'])} |")
     lines += ["", f"Reproduce: `python benchmarks/probes/purejaxrl_steady.py --purejaxrl DIR --jax-python PY "
                   f"--rounds {args.rounds} --steps {args.steps} --envs {args.envs}`."]
     OUTPUT.write_text("\n".join(lines) + "\n")
