@@ -11,7 +11,7 @@ one torch thread) in alternating rounds, on two workloads:
 
 SPS is the suite's: env steps over wall time in the second half of each run, updates included.
 SB3 runs with `--sb3-python` (a Python with stable-baselines3 and the same torch), fnrl with
-this Python. Writes the table to eager_vs_sb3.md.
+this Python. Writes the table on top of the earlier runs in eager_vs_sb3.md.
 
     python benchmarks/probes/eager_vs_sb3.py --sb3-python PYTHON_WITH_SB3 [--rounds 3] [--steps 40000]
 """
@@ -29,7 +29,7 @@ OUTPUT = Path(__file__).with_suffix(".md")
 WORKLOADS = ("ppo-cartpole-4", "ppo-default-1seed")
 
 sys.path.insert(0, str(HERE.parent))   # benchmarks/: machine
-from machine import cpu_model, in_turns  # noqa: E402
+from machine import cpu_model, in_turns, prepend_report  # noqa: E402
 
 
 def measure(python: str, kind: str, workload: str, steps: int) -> float:
@@ -69,8 +69,7 @@ def main(argv=None) -> int:
         lines.append(f"| `{w}` | {in_turns(sps[w, 'eager'], sps[w, 'sb3'])} |")
     lines += ["", f"Reproduce: `python benchmarks/probes/eager_vs_sb3.py --sb3-python PYTHON_WITH_SB3 "
                   f"--rounds {args.rounds} --steps {args.steps}`."]
-    OUTPUT.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    prepend_report(OUTPUT, "\n".join(lines) + "\n")
     return 0
 
 

@@ -9,7 +9,7 @@ lr 2.5e-4 annealed, 64-64 tanh), at B = 4 and 64, for `--steps` env steps (2M by
 - purejaxrl: its `make_train(config)` jitted, called once (jit included), then timed on a second
   call with another key: steady = steps / that call's seconds (its whole training is one call).
 
-Rounds alternate which contender goes first. Writes the table to purejaxrl_steady.md.
+Rounds alternate which contender goes first. Writes the table on top of the earlier runs in purejaxrl_steady.md.
 
     python benchmarks/probes/purejaxrl_steady.py --purejaxrl DIR --jax-python PY [--rounds 3] [--envs 4,64]
 """
@@ -28,7 +28,7 @@ OUTPUT = Path(__file__).with_suffix(".md")
 
 sys.path.insert(0, str(HERE.parent))   # benchmarks/: machine
 sys.path.insert(0, str(HERE))          # probes/: the purejaxrl patch of time_to_solve
-from machine import cpu_model, in_turns  # noqa: E402
+from machine import cpu_model, in_turns, prepend_report  # noqa: E402
 from time_to_solve import PUREJAXRL_SETUP  # noqa: E402
 
 PUREJAXRL_STEADY = PUREJAXRL_SETUP + r'''
@@ -93,8 +93,7 @@ def main(argv=None) -> int:
         lines.append(f"| {b} | {in_turns(sps[b, 'fnrl'], sps[b, 'purejaxrl'])} |")
     lines += ["", f"Reproduce: `python benchmarks/probes/purejaxrl_steady.py --purejaxrl DIR --jax-python PY "
                   f"--rounds {args.rounds} --steps {args.steps} --envs {args.envs}`."]
-    OUTPUT.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    prepend_report(OUTPUT, "\n".join(lines) + "\n")
     return 0
 
 
