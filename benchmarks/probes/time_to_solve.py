@@ -107,11 +107,13 @@ def wait_for_builders() -> float:
     return time.perf_counter() - t0
 
 
-def run_fnrl(flags: list[str], seed: int, caches: Path) -> dict:
+def run_fnrl(flags: list[str], seed: int, caches: Path, train_args: tuple = ("ppo", "--stop-return", "475")) -> dict:
+    """One `fnrl train *train_args --seed seed *flags` process with its compile caches in `caches`: its
+    seconds, the last progress row's env steps, trailing return and final evaluation, and tiering."""
     run = Path(tempfile.mkdtemp()) / "run"
     env = {**os.environ, "FNRL_CACHE_DIR": str(caches / "fnrl"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fnrl", "train", "ppo", "--seed", str(seed), "--stop-return", "475",
+    subprocess.run([sys.executable, "-m", "fnrl", "train", *train_args, "--seed", str(seed),
                     "--log-dir", str(run), *flags], env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     seconds = time.perf_counter() - t0
@@ -120,6 +122,7 @@ def run_fnrl(flags: list[str], seed: int, caches: Path) -> dict:
     switched = next((int(r["env_steps"]) for r in rows if r["tier"] == "compiled"), None)
     shutil.rmtree(run.parent, ignore_errors=True)
     return {"seconds": seconds, "steps": int(rows[-1]["env_steps"]), "return": float(rows[-1]["return_mean"]),
+            "eval": float(rows[-1]["eval_return_mean"]), "first_row_s": float(rows[0]["wall_s"]),
             "loop": float(rows[-1]["wall_s"]), "builder": builder, "switched": switched,
             "solved": float(rows[-1]["return_mean"]) >= 475}
 
