@@ -50,3 +50,20 @@ def test_the_project_speaks_of_itself_only():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}")
     assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/learning.md"])
+def test_the_learning_table_is_the_matrix(page):
+    """Every row of the page's learning table reads what `benchmarks/results/learning.json` holds for
+    its cell (IQM, interval, worst seed, seeds at the threshold), and every cell has a row."""
+    import json
+
+    cells = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["cells"]
+    cells = cells if isinstance(cells, list) else list(cells.values())
+    expected = {(c["algo"], c["env"]): f"{c['iqm']:.0f} [{c['ci'][0]:.0f}, {c['ci'][1]:.0f}] | {c['worst']:.0f} | "
+                                       f"{c['reached']}/8" for c in cells}
+    row = re.compile(r"^\| ([\w-]+) \| ([\w-]+-v\d) \| [\d.]+[kM] \| (-?\d+ \[-?\d+, -?\d+\] \| -?\d+ \| \d/8) \|",
+                     re.M)
+    found = {(name.lower().replace("-", ""), env): cells_text
+             for name, env, cells_text in row.findall((ROOT / page).read_text())}
+    assert found == expected
