@@ -38,6 +38,8 @@ __all__ = [
     "tanh_normal_sample",
     "tanh_normal_log_prob",
     "tanh_normal_mode",
+    "sde_log_std",
+    "sde_noise",
     "multi_categorical_sample",
     "multi_categorical_log_prob",
     "multi_categorical_entropy",
@@ -289,6 +291,40 @@ def tanh_normal_sample(mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch
 def tanh_normal_mode(mean: torch.Tensor) -> torch.Tensor:
     """Deterministic SAC action tanh(mean) (the tanh of the Gaussian's mode); [..., D]."""
     return torch.tanh(mean)
+
+
+# ---------------------------------------------------------------------------
+# generalized state-dependent exploration (gSDE)
+# ---------------------------------------------------------------------------
+
+
+def sde_log_std(latent: torch.Tensor, log_std: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Log-std of gSDE's Gaussian: sigma_d(s) = sqrt(sum_l z_l(s)^2 exp(log_std_ld)^2 + eps).
+
+    gSDE (Raffin et al. 2022, arXiv:2005.05719) perturbs the action by z(s) @ (exp(log_std) * E)
+    with features z(s) and a noise matrix E [L, D] of N(0, 1) entries: given s, a Gaussian of
+    that std. The features enter detached (stable-baselines3's default: the std trains
+    log_std alone, not the features).
+
+    latent: [..., L], log_std: [L, D]. Returns [..., D].
+    """
+    check_float(latent=latent, log_std=log_std)
+    variance = latent.detach().square() @ (2.0 * log_std).exp()
+    return 0.5 * torch.log(variance + eps)
+
+
+def sde_noise(latent: torch.Tensor, log_std: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """gSDE's exploration noise z(s) @ (exp(log_std) * E): a deterministic function of the state
+    while the noise matrix E is held, so the perturbation is smooth along a trajectory.
+
+    latent: [N, L] features (detached); log_std: [L, D]; matrix E: [N, L, D], one per env (the
+    N rows of `latent`), or [L, D] shared by all rows. Returns [N, D].
+    """
+    check_float(latent=latent, log_std=log_std, matrix=matrix)
+    scaled = log_std.exp() * matrix
+    if scaled.dim() == 2:
+        return latent.detach() @ scaled
+    return torch.einsum("nl,nld->nd", latent.detach(), scaled)
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ orders, so 8 seeds are 8 independent samples of a training run.
 | `ENV` | (rank,) | the training envs, one 31-bit seed per env (`env_seeds`) |
 | `EVAL_ENV` | (rank,) | the evaluation envs (`env_seeds(..., stream=EVAL_ENV)`) |
 | `INIT` | () | the networks' initial parameters (`fnrl.algos.common.init_params`) |
+| `INIT` | (1,) | SAC's first gSDE noise matrices (`fnrl.algos.qpg`) |
 | `GLOBAL` | (rank,) | torch's, numpy's and Python's global generators: exploration, replay draws (`seed_everything`) |
 | `MINIBATCH` | () | PPO's minibatch permutations, mixed with the env step count |
 | `WORKER` | (worker,) | the global generators of sampler and actor processes |

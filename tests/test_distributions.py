@@ -27,6 +27,8 @@ from fnrl.distributions import (
     normal_log_prob,
     normal_mode,
     normal_sample,
+    sde_log_std,
+    sde_noise,
     tanh_normal_log_prob,
     tanh_normal_mode,
     tanh_normal_sample,
@@ -220,6 +222,33 @@ def test_normal_sample_is_reparameterized_and_matches_torch():
 # ---------------------------------------------------------------------------
 # tanh-squashed Gaussian
 # ---------------------------------------------------------------------------
+
+
+def test_sde_log_std_hand_example():
+    # z = (1, 2), exp(log_std) = (1, 2) on one action dim: sigma^2 = 1^2 * 1^2 + 2^2 * 2^2 = 17
+    latent = torch.tensor([[1.0, 2.0]], dtype=F64)
+    log_std = torch.tensor([[0.0], [math.log(2.0)]], dtype=F64)
+    torch.testing.assert_close(sde_log_std(latent, log_std), torch.tensor([[0.5 * math.log(17.0 + 1e-6)]], dtype=F64))
+
+
+def test_sde_noise_equals_a_plain_loop():
+    torch.manual_seed(13)
+    latent, log_std = torch.randn(4, 3, dtype=F64), 0.3 * torch.randn(3, 2, dtype=F64)
+    per_row, shared = torch.randn(4, 3, 2, dtype=F64), torch.randn(3, 2, dtype=F64)
+    loop = torch.tensor([[sum(latent[n, l] * log_std[l, d].exp() * per_row[n, l, d] for l in range(3))
+                          for d in range(2)] for n in range(4)], dtype=F64)
+    torch.testing.assert_close(sde_noise(latent, log_std, per_row), loop)
+    torch.testing.assert_close(sde_noise(latent, log_std, shared), sde_noise(latent, log_std, shared.expand(4, 3, 2)))
+
+
+def test_sde_noise_has_the_std_of_sde_log_std_and_leaves_the_features_untrained():
+    torch.manual_seed(14)
+    latent = torch.randn(1, 8, dtype=F64, requires_grad=True)
+    log_std = (0.3 * torch.randn(8, 2, dtype=F64)).requires_grad_()
+    noise = sde_noise(latent.expand(50_000, 8), log_std, torch.randn(50_000, 8, 2, dtype=F64))
+    torch.testing.assert_close(noise.std(0).log(), sde_log_std(latent, log_std)[0].detach(), rtol=0, atol=0.01)
+    (sde_log_std(latent, log_std).sum() + noise.sum()).backward()
+    assert latent.grad is None and log_std.grad is not None
 
 
 def test_tanh_normal_hand_values():

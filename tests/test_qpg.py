@@ -104,6 +104,50 @@ def test_sac_log_std_range():
     torch.testing.assert_close(qpg._log_std(raw), torch.tensor([-5.0, -1.5, 2.0]))
 
 
+def test_sde_policy_log_prob_is_change_of_variables_with_the_state_dependent_std():
+    spec = make_spec()
+    nets = qpg.networks(config("sac", use_sde=True, sde_log_std_init=-1.0), spec)
+    params = nets.init(3)["actor"].double()
+    assert params["log_std"].shape == (16, 2) and bool((params["log_std"] == -1.0).all())
+    obs = torch.randn(512, OBS, dtype=torch.float64)
+    torch.manual_seed(0)
+    action, logp = nets.sample(params, obs)
+    mean, z = call(nets.actor, params, obs)
+    std = (z.square() @ (2 * params["log_std"]).exp() + 1e-6).sqrt()   # sigma_d(s)^2 = sum_l z_l^2 exp(log_std_ld)^2
+    squashed = TransformedDistribution(Independent(Normal(mean, std), 1), [TanhTransform()])
+    torch.testing.assert_close(logp, squashed.log_prob(action), rtol=1e-6, atol=1e-6)
+    assert bool((mean.abs() <= 2.0).all())
+
+
+def test_sde_exploration_is_a_function_of_the_state_until_the_next_update():
+    spec = make_spec()
+    agent = qpg.make(config("sac", use_sde=True, learning_starts=0, num_envs=4), spec)
+    state = agent.init(0)
+    assert state["sde_noise"].shape == (4, 16, 2)
+    obs = torch.randn(4, OBS)
+    first, _, _ = agent.act(state, obs, None)
+    again, _, _ = agent.act(state, obs, None)
+    torch.testing.assert_close(first, again)   # the same state and matrices: the same actions
+    params = state["params"]["actor"]
+    mean, z = call(qpg.networks(config("sac", use_sde=True), spec).actor, params, obs)
+    by_hand = torch.tanh(mean + torch.einsum("nl,nld->nd", z, params["log_std"].exp() * state["sde_noise"]))
+    to_env, _ = qpg._action_transforms(config("sac"), spec)
+    torch.testing.assert_close(first, to_env(by_hand))
+    two, _, _ = agent.act(state, obs[:2], None)   # a sub-batch of envs takes the first matrices
+    torch.testing.assert_close(two, first[:2])
+    new_state, _ = agent.update(state, batch(8, spec))
+    assert not torch.equal(new_state["sde_noise"], state["sde_noise"])
+    assert not torch.equal(agent.act(new_state, obs, None)[0], first)
+    greedy, _, _ = agent.act(state, obs, None, explore=False)
+    torch.testing.assert_close(greedy, to_env(torch.tanh(mean)))
+
+
+def test_sde_first_matrices_depend_on_the_seed_alone():
+    agent = qpg.make(config("sac", use_sde=True), make_spec())
+    assert torch.equal(agent.init(0)["sde_noise"], agent.init(0)["sde_noise"])
+    assert not torch.equal(agent.init(0)["sde_noise"], agent.init(1)["sde_noise"])
+
+
 @pytest.mark.parametrize("name", ["ddpg", "td3", "sac"])
 def test_greedy_action_is_rescaled_to_env_bounds(name):
     # output bias atanh(0.5) -> unit action 0.5; bounds [-2, 2] and [-1, 3]: center (0, 1), half (2, 2)
@@ -356,6 +400,7 @@ def test_discrete_env_is_a_config_error(name):
 @pytest.mark.parametrize("overrides, match", [
     ({"algo": "a2c"}, "--algo"),
     ({"algo": "sac", "distributional": True}, "not sac"),
+    ({"algo": "td3", "use_sde": True}, "--use-sde is for sac"),
     ({"algo": "td3", "distributional": True, "v_min": 1.0, "v_max": 1.0}, "v-min"),
     ({"tau": 0.0}, "--tau"),
     ({"policy_delay": 0}, "--policy-delay"),
@@ -375,6 +420,24 @@ def test_variants():
 # ---------------------------------------------------------------------------
 # compile: one function
 # ---------------------------------------------------------------------------
+
+
+def test_compiled_sde_sac_update_equals_eager_and_does_not_recompile():
+    spec = make_spec()
+    agent = qpg.make(config("sac", use_sde=True, num_envs=2), spec)
+    state = agent.init(0)
+    b1, b2 = batch(16, spec, seed=1), batch(16, spec, seed=2)
+    compiled = torch.compile(agent.update, fullgraph=True)
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(5)
+        eager_1, _ = agent.update(state, b1)
+        eager_2, m_eager = agent.update(eager_1, b2)
+        torch.manual_seed(5)
+        comp_1, _ = compiled(state, b1)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            comp_2, m_comp = compiled(comp_1, b2)
+    assert_td_close(comp_2, eager_2, rtol=1e-5, atol=1e-6)
+    assert_td_close(m_comp, m_eager, rtol=1e-5, atol=1e-6)
 
 
 def test_compiled_td3_update_equals_eager_and_does_not_recompile():

@@ -357,11 +357,11 @@ def shares_torso(obs_shape) -> bool:
 
 
 @contextlib.contextmanager
-def initializing(seed: int):
+def initializing(seed: int, *key: int):
     """A block whose torch draws come from the network-initialization stream of the run seeded
-    `seed` (`fnrl.rng.INIT`); the global RNG is as it was afterwards."""
+    `seed` (`fnrl.rng.INIT`, with `key` a child stream of it); the global RNG is as it was afterwards."""
     with torch.random.fork_rng():
-        torch.manual_seed(rng.derive(seed, rng.INIT))
+        torch.manual_seed(rng.derive(seed, rng.INIT, *key))
         yield
 
 

@@ -8,6 +8,10 @@
 - SAC (Haarnoja et al. 2018, arXiv:1801.01290, arXiv:1812.05905): tanh-squashed Gaussian
   policy, twin critics with the soft clipped double-Q target, automatic temperature with
   target entropy -|A| (or a fixed alpha), reward scale.
+- gSDE for SAC (Raffin et al. 2022, arXiv:2005.05719; `use_sde`): the policy's std is a
+  function of the last hidden layer's features, sigma(s) = sqrt(z(s)^2 @ exp(log_std)^2), and
+  acting adds z(s) @ (exp(log_std) * E) with a noise matrix E per env held between updates,
+  so exploration is smooth along a trajectory (what MountainCarContinuous needs).
 - Distributional critic (D4PG, Barth-Maron et al. 2018, arXiv:1804.08617) for DDPG/TD3:
   each critic outputs a categorical distribution over `num_atoms` fixed atoms in
   [v_min, v_max]; the target is the C51 projection of r + discount * z and the loss the
@@ -44,10 +48,10 @@ from torch import nn
 from fnrl import losses, optim
 from fnrl.algos.common import Agent, check_positive, gradient_step, initializing, require_continuous, switch
 from fnrl.algos.spec import AlgorithmSpec
-from fnrl.distributions import tanh_normal_mode, tanh_normal_sample
+from fnrl.distributions import sde_log_std, sde_noise, tanh_normal_mode, tanh_normal_sample
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
-from fnrl.nets import call, mlp, parameters
+from fnrl.nets import Linear, call, layer_init, mlp, parameters
 from fnrl.nets.core import user_torso
 from fnrl.normalize import rms_init, rms_normalize, rms_update
 
@@ -55,7 +59,7 @@ SWEEPABLE = ("actor_lr", "critic_lr", "alpha_lr", "gamma")
 """Config fields `fnrl train sac --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
 the step sizes are held in the optimizer state (`scale_by_group_learning_rate`) and gamma only in
 the replay (each row's buffer computes its own n-step returns), so one update serves all rows."""
-ACT_KEYS = (("params", "actor"), "obs_rms", "env_steps")
+ACT_KEYS = (("params", "actor"), "obs_rms", "env_steps", "sde_noise")
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
 SPEC = AlgorithmSpec(kind="off_policy", replay="row", act_keys=ACT_KEYS, sweepable=SWEEPABLE)
 
@@ -126,6 +130,11 @@ class Config:
     """SAC: temperature Adam step size"""
     target_entropy: Optional[float] = None
     """SAC: target policy entropy (None: -|A|)"""
+    use_sde: bool = False
+    """SAC: generalized state-dependent exploration (gSDE, arXiv:2005.05719): noise matrices per env, drawn anew
+    after every update (stable-baselines3's use_sde with sde_sample_freq -1), in place of independent noise per step"""
+    sde_log_std_init: float = -3.0
+    """SAC with gSDE: the initial entries of the log-std matrix [last hidden size, action dims]"""
     reward_scale: float = 1.0
     """multiply rewards by this in the critic target"""
     distributional: bool = False
@@ -169,6 +178,8 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
         raise ConfigError(f"--alpha must be >= 0, got {config.alpha}")
     if name == "sac" and config.autotune and config.alpha_init <= 0:
         raise ConfigError(f"--alpha-init must be positive, got {config.alpha_init}")
+    if config.use_sde and name != "sac":
+        raise ConfigError(f"--use-sde is for sac (its stochastic policy), not {name}")
     if config.distributional:
         if name == "sac":
             raise ConfigError("--distributional is for ddpg and td3 (D4PG-style critic), not sac")
@@ -207,12 +218,29 @@ class Critic(nn.Module):
         return y.squeeze(-1) if self.scalar else y
 
 
+class SdeActor(nn.Module):
+    """gSDE's actor: features z = body(obs) [*, L], the mean head(z) [*, D] clipped to [-2, 2]
+    (stable-baselines3's clip, which keeps the mean where tanh has a gradient), and the log-std
+    matrix [L, D] as a parameter. forward(obs) -> (mean, z)."""
+
+    def __init__(self, body: nn.Module, latent_dim: int, action_dim: int, log_std_init: float):
+        super().__init__()
+        self.body = body
+        self.mean = layer_init(Linear(latent_dim, action_dim), 0.01)
+        self.log_std = nn.Parameter(torch.full((latent_dim, action_dim), float(log_std_init)))
+
+    def forward(self, obs):
+        z = self.body(obs)
+        return self.mean(z).clamp(-2.0, 2.0), z
+
+
 class Networks(NamedTuple):
     """The modules and the pure functions over their parameters.
 
     init(seed) -> TensorDict {"actor": ..., "critic": stacked [K, ...]}
     mode(actor_params, obs) -> action [N, D] in [-1, 1] (the deterministic / greedy action)
     sample(actor_params, obs) -> (action [N, D] in (-1, 1), log pi [N])   (SAC only)
+    explore(actor_params, obs, noise) -> action [N, D]: gSDE's action with noise matrices [N, L, D]
     critics(critic_params [K], obs, action) -> [K, N] values, or [K, N, atoms] logits
     """
 
@@ -222,11 +250,24 @@ class Networks(NamedTuple):
     mode: Callable
     sample: Callable
     critics: Callable
+    explore: Callable
 
 
 def _log_std(raw: torch.Tensor) -> torch.Tensor:
     """Squash an unbounded output into [LOG_STD_MIN, LOG_STD_MAX] with tanh."""
     return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1.0)
+
+
+def _actor(config: Config, obs_size: int, d: int, torso) -> nn.Module:
+    """The actor MLP on the observation (or on `torso`, a (module, feature size) pair): the action
+    [*, D] (DDPG/TD3), mean and raw log-std [*, 2D] (SAC), or `SdeActor` (SAC with gSDE)."""
+    features = obs_size if torso is None else torso[1]
+    if config.use_sde:
+        body = mlp(features, None, config.hidden, "relu")
+        latent = config.hidden[-1] if config.hidden else features
+        return SdeActor(body if torso is None else nn.Sequential(torso[0], body), latent, d, config.sde_log_std_init)
+    head = mlp(features, 2 * d if config.algo == "sac" else d, config.hidden, "relu", out_gain=0.01)
+    return head if torso is None else nn.Sequential(torso[0], head)
 
 
 def networks(config: Config, spec: EnvSpec, network=None) -> Networks:
@@ -241,10 +282,7 @@ def networks(config: Config, spec: EnvSpec, network=None) -> Networks:
         return None if network is None else user_torso(network, spec.obs_shape)
 
     def build_actor():
-        made = torso()
-        if made is None:
-            return mlp(obs_size, 2 * d if stochastic else d, config.hidden, "relu", out_gain=0.01)
-        return nn.Sequential(made[0], mlp(made[1], 2 * d if stochastic else d, config.hidden, "relu", out_gain=0.01))
+        return _actor(config, obs_size, d, torso())
 
     def build_critic():
         return Critic(obs_size, d, config.hidden, critic_out, torso())
@@ -258,6 +296,9 @@ def networks(config: Config, spec: EnvSpec, network=None) -> Networks:
         return TensorDict({"actor": actor_params, "critic": critic_params}, batch_size=[])
 
     def gaussian(actor_params, obs):
+        if config.use_sde:
+            mean, z = call(actor, actor_params, obs)
+            return mean, sde_log_std(z, actor_params["log_std"])
         mean, raw = call(actor, actor_params, obs).chunk(2, dim=-1)
         return mean, _log_std(raw)
 
@@ -269,11 +310,17 @@ def networks(config: Config, spec: EnvSpec, network=None) -> Networks:
     def sample(actor_params, obs):
         return tanh_normal_sample(*gaussian(actor_params, obs))
 
+    def explore(actor_params, obs, noise):
+        mean, z = call(actor, actor_params, obs)
+        n = z.shape[0]   # a sub-batch of envs (a sampler worker's) takes the first n matrices; more rows share one
+        noise = noise[:n] if n <= noise.shape[0] else noise[0]
+        return torch.tanh(mean + sde_noise(z, actor_params["log_std"], noise))
+
     def critics(critic_params, obs, action):
         flat = critic_params.flatten_keys(".").to_dict()
         return torch.func.vmap(lambda p: torch.func.functional_call(critic, p, (obs, action)))(flat)
 
-    return Networks(actor, critic, init, mode, sample, critics)
+    return Networks(actor, critic, init, mode, sample, critics, explore)
 
 
 # ---------------------------------------------------------------------------
@@ -453,14 +500,7 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
         actor_params = state["params"]["actor"]
         if not explore:
             return to_env(nets.mode(actor_params, obs_n)), {}, carry
-        if sac:
-            a = nets.sample(actor_params, obs_n)[0]
-        else:
-            a = nets.mode(actor_params, obs_n)
-            a = (a + config.exploration_noise * torch.randn_like(a)).clamp(-1.0, 1.0)
-        warmup = state["env_steps"] < config.learning_starts
-        a = torch.where(warmup, 2.0 * torch.rand_like(a) - 1.0, a)
-        return to_env(a), {}, carry
+        return to_env(_behaviour_action(config, nets, state, obs_n)), {}, carry
 
     def update(state: TensorDict, batch: TensorDict):
         """One gradient update of critics, actor (every policy_delay-th) and temperature, then targets.
@@ -508,6 +548,8 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
             new_state["actor_metrics"] = TensorDict({k: m[k] for k in actor_metrics}, batch_size=[])
         if config.normalize_obs:
             new_state["obs_rms"] = rms_update(state["obs_rms"], batch["obs"])
+        if config.use_sde:   # the next collect explores with fresh matrices
+            new_state["sde_noise"] = torch.randn_like(state["sde_noise"])
         priority = m.pop("priority")
         del m["loss"]
         if config.prioritized:
@@ -517,6 +559,21 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
         return new_state, TensorDict(m, batch_size=[])
 
     return Agent(init=_initializer(config, spec, nets, opt, target_keys, actor_metrics), act=act, update=update)
+
+
+def _behaviour_action(config: Config, nets: Networks, state: TensorDict, obs: torch.Tensor) -> torch.Tensor:
+    """The exploring action in [-1, 1]: uniform before `learning_starts`, then gSDE's, a sample
+    of SAC's policy, or DDPG's / TD3's action plus Gaussian noise."""
+    actor_params = state["params"]["actor"]
+    if config.use_sde:
+        a = nets.explore(actor_params, obs, state["sde_noise"])
+    elif config.algo == "sac":
+        a = nets.sample(actor_params, obs)[0]
+    else:
+        a = nets.mode(actor_params, obs)
+        a = (a + config.exploration_noise * torch.randn_like(a)).clamp(-1.0, 1.0)
+    warmup = state["env_steps"] < config.learning_starts
+    return torch.where(warmup, 2.0 * torch.rand_like(a) - 1.0, a)
 
 
 def _initializer(config: Config, spec: EnvSpec, nets, opt, target_keys: tuple, actor_metrics: tuple) -> Callable:
@@ -541,6 +598,9 @@ def _initializer(config: Config, spec: EnvSpec, nets, opt, target_keys: tuple, a
             state["actor_metrics"] = TensorDict({k: torch.zeros(()) for k in actor_metrics}, batch_size=[])
         if config.normalize_obs:
             state["obs_rms"] = rms_init(spec.obs_shape)
+        if config.use_sde:   # one noise matrix per env
+            with initializing(seed, 1):
+                state["sde_noise"] = torch.randn((config.num_envs, *params["actor"]["log_std"].shape))
         return TensorDict(state, batch_size=[])
 
     return init
