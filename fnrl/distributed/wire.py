@@ -1,0 +1,168 @@
+"""Tensors-only messages between processes over torch.distributed point-to-point (gloo, NCCL).
+
+The transport under actors on other hosts: a message is a flat dict {name: tensor} whose
+`Layout` (names, dtypes, shapes, in order) both ends agree on once, and on the wire it is
+
+    header   int64 [3], tag HEADER: MAGIC, the layout's digest, the sender's message count
+    body     uint8 [layout.nbytes], tag BODY: the fields' bytes in the layout's order, each
+             starting at a multiple of 8 bytes
+
+`send_layout` / `recv_layout` agree on the layout in tensors too: int64 codes for the dtypes and
+shapes and the names' UTF-8 bytes. Nothing received is ever unpickled (no object collectives, no
+`torch.load`): the receiver only writes into tensors it allocated from the layout, so a peer can
+corrupt its numbers but never run code in it. A header whose magic or digest is not the
+layout's is a `WireError` before the body is read. The received fields are views of one buffer
+per message (no copy); a message costs two sends whatever its number of fields.
+
+    layout = Layout.of({"obs": obs, "reward": reward})
+    send_layout(layout, dst=0)                       # an actor, once
+    send({"obs": obs, "reward": reward}, layout, dst=0)
+    layout = recv_layout(src=1)                      # the learner
+    sender, message = recv(layout)                   # from whichever sender is first (gloo)
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+MAGIC = 0x666E726C   # "fnrl"
+HEADER, BODY, LAYOUT = 7001, 7002, 7003
+"""The tags of headers, bodies and layouts: a receiver from any source matches headers alone."""
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool)
+"""The dtypes a message may carry; a dtype's code on the wire is its index here."""
+
+
+class WireError(RuntimeError):
+    """A message that does not match the agreed layout (a wrong peer, version or order)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The fields of a message: names, dtypes and shapes, in the order they travel."""
+
+    names: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, message: dict) -> "Layout":
+        """The layout of `message` ({name: tensor}, in its order)."""
+        for name, t in message.items():
+            if t.dtype not in DTYPES:
+                raise WireError(f"field {name!r} has dtype {t.dtype}, which the wire does not carry ({DTYPES})")
+        return cls(tuple(message), tuple(t.dtype for t in message.values()),
+                   tuple(tuple(t.shape) for t in message.values()))
+
+    @property
+    def digest(self) -> int:
+        """A 62-bit digest of the layout: a header carries it, and a receiver checks it."""
+        codes, names = self.to_tensors()
+        return int.from_bytes(hashlib.blake2b(codes.numpy().tobytes() + names.numpy().tobytes(),
+                                              digest_size=8).digest(), "little") >> 2
+
+    def to_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes int64 [...], names uint8 [...]): per field its dtype code, rank and sizes, and the
+        names' UTF-8 bytes, each name ended by a 0 byte."""
+        codes = [len(self.names)]
+        for dtype, shape in zip(self.dtypes, self.shapes):
+            codes += [DTYPES.index(dtype), len(shape), *shape]
+        names = b"".join(n.encode() + b"\0" for n in self.names)
+        return torch.tensor(codes, dtype=torch.int64), torch.frombuffer(bytearray(names), dtype=torch.uint8)
+
+    @classmethod
+    def from_tensors(cls, codes: torch.Tensor, names: torch.Tensor) -> "Layout":
+        """The inverse of `to_tensors`; a WireError where the tensors do not describe a layout."""
+        c = codes.tolist()
+        words = bytes(names.tolist()).split(b"\0")[:-1]
+        try:
+            dtypes, shapes, i = [], [], 1
+            for _ in range(c[0]):
+                rank = c[i + 1]
+                dtypes.append(DTYPES[c[i]])
+                shapes.append(tuple(c[i + 2:i + 2 + rank]))
+                i += 2 + rank
+            text = tuple(w.decode() for w in words)
+        except (IndexError, UnicodeDecodeError) as e:
+            raise WireError(f"a layout that does not decode: {e}") from None
+        if i != len(c) or len(text) != c[0] or any(d < 0 for s in shapes for d in s):
+            raise WireError("a layout that does not decode: its codes and names disagree")
+        return cls(text, tuple(dtypes), tuple(shapes))
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where each field starts in the body, in bytes (multiples of 8, so every field's view is aligned)."""
+        out, at = [], 0
+        for dtype, shape in zip(self.dtypes, self.shapes):
+            out.append(at)
+            at += -(-math.prod(shape) * dtype.itemsize // 8) * 8
+        return tuple(out + [at])
+
+    @property
+    def nbytes(self) -> int:
+        """The body's size in bytes."""
+        return self.offsets[-1]
+
+    def pack(self, message: dict) -> torch.Tensor:
+        """The body of `message`: uint8 [nbytes]."""
+        body, at = torch.zeros(self.nbytes, dtype=torch.uint8), self.offsets
+        for i, (name, dtype, shape) in enumerate(zip(self.names, self.dtypes, self.shapes)):
+            t = message[name]
+            if t.dtype != dtype or tuple(t.shape) != shape:
+                raise WireError(f"field {name!r} is {t.dtype} {list(t.shape)}, the layout says {dtype} {list(shape)}")
+            n = t.numel() * dtype.itemsize
+            body[at[i]:at[i] + n] = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return body
+
+    def unpack(self, body: torch.Tensor) -> dict:
+        """The fields of a body, as views of it: {name: tensor}."""
+        at = self.offsets
+        return {name: body[at[i]:at[i] + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+                for i, (name, dtype, shape) in enumerate(zip(self.names, self.dtypes, self.shapes))}
+
+
+def send_layout(layout: Layout, dst: int, group=None) -> None:
+    """Send `layout` to rank `dst` (sizes, then codes and names)."""
+    codes, names = layout.to_tensors()
+    dist.send(torch.tensor([codes.numel(), names.numel()]), dst, group=group, tag=LAYOUT)
+    dist.send(codes, dst, group=group, tag=LAYOUT)
+    dist.send(names, dst, group=group, tag=LAYOUT)
+
+
+def recv_layout(src: int, group=None, max_bytes: int = 1 << 20) -> Layout:
+    """Receive the layout rank `src` sends with `send_layout` (at most `max_bytes` of it)."""
+    sizes = torch.empty(2, dtype=torch.int64)
+    dist.recv(sizes, src, group=group, tag=LAYOUT)
+    n_codes, n_names = sizes.tolist()
+    if not (0 < n_codes and 0 <= n_names and 8 * n_codes + n_names <= max_bytes):
+        raise WireError(f"a layout of {n_codes} codes and {n_names} name bytes is refused (limit {max_bytes} bytes)")
+    codes, names = torch.empty(n_codes, dtype=torch.int64), torch.empty(n_names, dtype=torch.uint8)
+    dist.recv(codes, src, group=group, tag=LAYOUT)
+    dist.recv(names, src, group=group, tag=LAYOUT)
+    return Layout.from_tensors(codes, names)
+
+
+def send(message: dict, layout: Layout, dst: int, count: int = 0, group=None) -> None:
+    """Send `message` (the fields of `layout`, in any order) to rank `dst`: header, then body.
+    `count`: the sender's message number, which the receiver gets back in the header."""
+    body = layout.pack(message)
+    dist.send(torch.tensor([MAGIC, layout.digest, count], dtype=torch.int64), dst, group=group, tag=HEADER)
+    dist.send(body, dst, group=group, tag=BODY)
+
+
+def recv(layout: Layout, src: int | None = None, group=None) -> tuple[int, int, dict]:
+    """Receive one message of `layout` from rank `src`, or from whichever rank sends first (None;
+    gloo): (sender rank, the sender's message count, {name: tensor}, views of one new buffer)."""
+    header = torch.empty(3, dtype=torch.int64)
+    sender = dist.recv(header, src, group=group, tag=HEADER)
+    magic, digest, count = header.tolist()
+    if magic != MAGIC or digest != layout.digest:
+        raise WireError(f"rank {sender} sent a message of another layout (magic {magic:#x}, digest {digest}; "
+                        f"expected {MAGIC:#x}, {layout.digest}); both ends must agree on it with send_layout")
+    body = torch.empty(layout.nbytes, dtype=torch.uint8)
+    dist.recv(body, sender, group=group, tag=BODY)
+    return sender, count, layout.unpack(body)
