@@ -97,3 +97,23 @@ def _inode(path: pathlib.Path) -> int | None:
         return path.stat().st_ino
     except OSError:
         return None
+
+
+def run_ranks(fn, world: int, args: tuple, timeout: float = 240) -> None:
+    """`fn(rank, *args)` in `world` spawned processes, one per rank; asserts every one exits 0
+    within `timeout` seconds (one still running then is killed)."""
+    import torch
+
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=fn, args=(rank, *args), daemon=True) for rank in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    assert [p.exitcode for p in procs] == [0] * world

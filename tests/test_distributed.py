@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from fnrl.algos import a2c, dqn, ppo
 from fnrl.cli import main
 from fnrl.envs.spec import EnvSpec
-from tests.processes import descendants
+from tests.processes import descendants, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 T, B, WORLD = 8, 4, 2       # per-rank rollout [T, B]; the reference update sees [T, WORLD * B]
@@ -110,28 +110,12 @@ def _rank_main(rank, store, cases, spec, out_dir):
     dist.destroy_process_group()
 
 
-def _spawn(fn, args, timeout=240):
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=fn, args=(rank, *args), daemon=True) for rank in range(WORLD)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    assert [p.exitcode for p in procs] == [0] * WORLD
-
-
 def test_one_update_equals_single_process_update_on_concatenated_batch(tmp_path):
     """gloo, 2 processes: after one update (PPO, A2C and DQN, eager) both ranks hold identical parameters,
     equal to one process's update on the concatenated batch."""
     spec = _spec()
     cases = _cases(spec)
-    _spawn(_rank_main, (str(tmp_path / "store"), cases, spec, str(tmp_path)))
+    run_ranks(_rank_main, WORLD, (str(tmp_path / "store"), cases, spec, str(tmp_path)))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)    # as the ranks: another thread count rounds the matmuls differently

@@ -422,9 +422,9 @@ def test_variants():
 # ---------------------------------------------------------------------------
 
 
-def test_compiled_sde_sac_update_equals_eager_and_does_not_recompile():
-    spec = make_spec()
-    agent = qpg.make(config("sac", use_sde=True, num_envs=2), spec)
+def two_updates_eager_and_compiled(agent, spec):
+    """Two updates from agent.init(0), eager and compiled (the second without a recompile), with
+    the same random draws: ((state 1, state 2, metrics 2) eager, the same compiled)."""
     state = agent.init(0)
     b1, b2 = batch(16, spec, seed=1), batch(16, spec, seed=2)
     compiled = torch.compile(agent.update, fullgraph=True)
@@ -436,25 +436,19 @@ def test_compiled_sde_sac_update_equals_eager_and_does_not_recompile():
         comp_1, _ = compiled(state, b1)
         with torch._dynamo.config.patch(error_on_recompile=True):
             comp_2, m_comp = compiled(comp_1, b2)
-    assert_td_close(comp_2, eager_2, rtol=1e-5, atol=1e-6)
-    assert_td_close(m_comp, m_eager, rtol=1e-5, atol=1e-6)
+    return (eager_1, eager_2, m_eager), (comp_1, comp_2, m_comp)
+
+
+def test_compiled_sde_sac_update_equals_eager_and_does_not_recompile():
+    spec = make_spec()
+    eager, comp = two_updates_eager_and_compiled(qpg.make(config("sac", use_sde=True, num_envs=2), spec), spec)
+    for c, e in zip(comp, eager):
+        assert_td_close(c, e, rtol=1e-5, atol=1e-6)
 
 
 def test_compiled_td3_update_equals_eager_and_does_not_recompile():
     spec = make_spec()
-    agent = qpg.make(config("td3"), spec)
-    state = agent.init(0)
-    b1, b2 = batch(16, spec, seed=1), batch(16, spec, seed=2)
-    compiled = torch.compile(agent.update, fullgraph=True)
-    with torch._inductor.config.patch(fallback_random=True):
-        torch.manual_seed(5)
-        eager_1, _ = agent.update(state, b1)
-        eager_2, m_eager = agent.update(eager_1, b2)
-        torch.manual_seed(5)
-        comp_1, _ = compiled(state, b1)
-        with torch._dynamo.config.patch(error_on_recompile=True):
-            comp_2, m_comp = compiled(comp_1, b2)  # off step of the delay: same graph
-    assert_td_close(comp_1, eager_1, rtol=1e-5, atol=1e-6)
-    assert_td_close(comp_2, eager_2, rtol=1e-5, atol=1e-6)
-    assert_td_close(m_comp, m_eager, rtol=1e-5, atol=1e-6)
-    assert_td_equal(comp_2["params"]["actor"], comp_1["params"]["actor"])
+    eager, comp = two_updates_eager_and_compiled(qpg.make(config("td3"), spec), spec)   # the 2nd: the delay's off step
+    for c, e in zip(comp, eager):
+        assert_td_close(c, e, rtol=1e-5, atol=1e-6)
+    assert_td_equal(comp[1]["params"]["actor"], comp[0]["params"]["actor"])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fnrl.distributed.wire import Layout, WireError
+from tests.processes import run_ranks
 
 WORLD = 3
 
@@ -90,20 +91,7 @@ def _rank_main(rank, store, messages_each):
 
 
 def test_messages_from_two_senders_arrive_whole_and_in_each_senders_order(tmp_path):
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(rank, str(tmp_path / "store"), 5), daemon=True)
-             for rank in range(WORLD)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(120)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    assert [p.exitcode for p in procs] == [0] * WORLD
+    run_ranks(_rank_main, WORLD, (str(tmp_path / "store"), 5), timeout=120)
 
 
 def test_a_message_must_match_its_layout():
