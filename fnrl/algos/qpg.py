@@ -303,6 +303,8 @@ def networks(config: Config, spec: EnvSpec, network=None) -> Networks:
         return mean, _log_std(raw)
 
     def mode(actor_params, obs):
+        if config.use_sde:   # the mean alone: no std to compute
+            return tanh_normal_mode(call(actor, actor_params, obs)[0])
         if stochastic:
             return tanh_normal_mode(gaussian(actor_params, obs)[0])
         return torch.tanh(call(actor, actor_params, obs))

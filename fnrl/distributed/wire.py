@@ -22,6 +22,7 @@ per message (no copy); a message costs two sends whatever its number of fields.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ class Layout:
         return cls(tuple(message), tuple(t.dtype for t in message.values()),
                    tuple(tuple(t.shape) for t in message.values()))
 
-    @property
+    @functools.cached_property
     def digest(self) -> int:
         """A 62-bit digest of the layout: a header carries it, and a receiver checks it."""
         codes, names = self.to_tensors()
@@ -93,7 +94,7 @@ class Layout:
             raise WireError("a layout that does not decode: its codes and names disagree")
         return cls(text, tuple(dtypes), tuple(shapes))
 
-    @property
+    @functools.cached_property
     def offsets(self) -> tuple[int, ...]:
         """Where each field starts in the body, in bytes (multiples of 8, so every field's view is aligned)."""
         out, at = [], 0
