@@ -30,7 +30,7 @@ from fnrl.presets import CHOICES, configure, describe
 
 _RUN_OPTIONS = ("seed", "log_dir", "device", "compile", "resume", "threads", "update_threads", "env_threads",
                 "quiet", "stop_return", "eval_interval", "eval_episodes", "capture_video", "track", "sampler",
-                "num_seeds", "sweep", "nproc", "sampler_workers", "cuda_graphs")
+                "num_seeds", "sweep", "nproc", "sampler_workers", "actor_hosts", "cuda_graphs")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -161,6 +161,9 @@ def _train(argv: list[str]) -> int:
                              "run's own)")
     parser.add_argument("--sampler-workers", type=int, default=None, metavar="W",
                         help="worker processes of --sampler parallel (default: one per core, dividing --num-envs)")
+    parser.add_argument("--actor-hosts", type=int, default=0, metavar="N",
+                        help="with --sampler async: N actor hosts (here, local processes) send rollouts to the "
+                             "learner's replay over torch.distributed and get parameters back (Ape-X)")
     parser.add_argument("--num-seeds", type=int, default=1, metavar="K",
                         help="train seeds SEED..SEED+K-1 at once in one process, vmapped (default: 1)")
     parser.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",

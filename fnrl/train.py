@@ -11,6 +11,8 @@ checkpoint and the NaN checks are `fnrl.run`'s.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from fnrl import envs, rng
@@ -54,8 +56,15 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
             raise ConfigError("callbacks run in single-process runs; drop nproc or the callbacks")
 
         return train_processes(train, nproc, name, config, **kwargs)
-    from fnrl.distributed import world_from_env
+    from fnrl.distributed import World, world_from_env
 
+    if kwargs.get("actor_hosts") and int(os.environ.get("WORLD_SIZE", "1")) > 1:   # torchrun: rank 0 learns
+        from fnrl.distributed.actors import torchrun_rendezvous
+        from fnrl.train_async import act_as_host
+
+        rendezvous, rank = torchrun_rendezvous(kwargs["actor_hosts"])
+        return act_as_host(rendezvous, rank, name, config, **kwargs) if rank > 0 else run(World(), name, config,
+                                                                                               **kwargs)
     world = world_from_env(kwargs.get("device", "cpu"))
     try:
         return run(world, name, config, **kwargs)
@@ -70,7 +79,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         plot: bool = True, stop_return: float | None = None, eval_interval: int | None = None,
         eval_episodes: int = 10, capture_video: bool = False, track: str | None = None,
         sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1, sweep: dict | None = None,
-        cuda_graphs: bool = False, preset: str | None = None,
+        cuda_graphs: bool = False, preset: str | None = None, actor_hosts: int = 0,
         accel: AccelOptions | None = None, changes: dict | None = None, callbacks=None) -> TrainResult:
     """One process (of `world`, a fnrl.distributed World) of `train`: the plan, then its loop.
 
@@ -116,6 +125,9 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         or "async" (off-policy: sampling in its own process, see fnrl.train_async). Default: serial;
         a resumed run's, the one its checkpoint was written with.
     sampler_workers: worker processes of the parallel sampler (default: one per core).
+    actor_hosts: with sampler="async", N actor hosts feed the learner's replay over
+        torch.distributed instead of one sampler process over shared memory
+        (`fnrl.distributed.actors`; started here as N local processes over loopback).
     cuda_graphs: replay steps from CUDA graphs (`fnrl.accel.cudagraphs`; needs --device cuda and
         compile): off-policy, the fused learner step (one seed, a row replay without frame
         stacks); on-policy (PPO, A2C), the update and a feed-forward policy's acting step (one
@@ -135,7 +147,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
                      update_threads=update_threads, tensorboard=tensorboard, plot=plot, stop_return=stop_return,
                      eval_interval=eval_interval, eval_episodes=eval_episodes, capture_video=capture_video, track=track,
                      sampler=sampler,
-                     sampler_workers=sampler_workers, num_seeds=num_seeds, sweep=sweep, cuda_graphs=cuda_graphs,
+                     sampler_workers=sampler_workers, actor_hosts=actor_hosts, num_seeds=num_seeds, sweep=sweep, cuda_graphs=cuda_graphs,
                      preset=preset, accel=accel, changes=changes, callbacks=callbacks or [])
     if threads is not None:
         torch.set_num_threads(threads)

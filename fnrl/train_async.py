@@ -17,6 +17,9 @@ the parameters the sampler last acted with were published), `opt_wait` and
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from fnrl import algos, envs, rng
 from fnrl.errors import ConfigError
 from fnrl.replay import snapshot as replay_snapshot
 from fnrl.replay.shared import SharedReplay
+from fnrl.replay.sharded import ShardedReplay
 from fnrl.samplers.async_ import POLL_S, AsyncSampler, SamplerError, SharedParams, Throttle, TimedLock
 from fnrl.samplers.serial import SerialSampler
 from fnrl.accel.compiled import make_agent
@@ -61,14 +65,21 @@ def check_async(name: str, module, config, sampler_device: str = "cpu", max_lead
         raise ConfigError(f"max_lead_collects must be >= 1 (or None for no sampler throttle), got {max_lead_collects}")
 
 
-def _build_actor(name: str, config, seed: int):
-    """Run in the sampler process: its own env (each env seeded from the run's seed, `fnrl.rng`),
-    the policy's act and an initial state."""
+def _build_actor(name: str, config, seed: int, index: int = 0):
+    """Run in the sampler process: its own env (each env seeded from the run's seed and the
+    actor's index, `fnrl.rng`), the policy's act and an initial state."""
     module = algos.load(name)
-    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs), **config.env_kwargs)
+    env = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs, rank=index),
+                    **config.env_kwargs)
     env.poll = False   # the sampler shares the cores with the learner: EnvPool's recv sleeps at once
     agent = module.make(config, env.spec)
     return env, agent.act, agent.init(seed)
+
+
+def _build_actor_host(name: str, config, seed: int, throttle: Throttle, index: int):
+    """Run on actor host `index` (`fnrl.distributed.actors.actor_main`): `_build_actor`'s env, act
+    and state, the run's throttle and horizon."""
+    return (*_build_actor(name, config, seed, index), throttle, config.num_steps)
 
 
 def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | None = 4,
@@ -94,7 +105,8 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
         save_checkpoint(last_checkpoint, checkpoint_payload(
             algo=plan.name, seed=plan.seed, config=dataclasses.asdict(config), state=state, counters=counters,
             preset=plan.preset, sampler="async", episodes=progress.stats.state_dict(),
-            replay=replay.snapshot() if replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES else None))
+            replay=replay.snapshot() if isinstance(replay, SharedReplay) and replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES
+            else None))
 
     from fnrl.logger import Logger
 
@@ -183,11 +195,13 @@ class _AsyncRun:
     agent: object
     state: object
     counters: dict
-    replay: SharedReplay
-    params: SharedParams
+    replay: SharedReplay | ShardedReplay
+    params: object
+    """`SharedParams`, or the `ActorHosts` (which publish to the actors)"""
     act_keys: list
     throttle: Throttle
-    sampler: AsyncSampler
+    sampler: object
+    """`AsyncSampler`, or `fnrl.distributed.actors.ActorHosts` with --actor-hosts"""
 
 
 def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeout: float) -> _AsyncRun:
@@ -203,7 +217,7 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
         probe.close()
     run_dir = prepare_run_dir(plan.log_dir, name, config, seed, ckpt is not None)
     write_config_json(run_dir, name, seed, config, plan.preset, sampler="async", device=str(plan.device),
-                      sampler_device=str(sampler_device))
+                      sampler_device=str(sampler_device), actor_hosts=plan.actor_hosts)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
     if ckpt is not None:
         state, counters = ckpt["state"], dict(ckpt["counters"])
@@ -215,18 +229,60 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
     ctx_method = "spawn"
     ctx = torch.multiprocessing.get_context(ctx_method)
     saved = resumed_replay(ckpt, plan.resume, "cpu")[0] if ckpt is not None else None   # the rows it had
-    replay = SharedReplay(saved if saved is not None else init_replay(config, example, spec, "cpu"),
-                          TimedLock(ctx.RLock()))
+    if plan.actor_hosts:   # a shard per actor host, written and read in this process
+        shard_config = dataclasses.replace(config, buffer_size=config.buffer_size // plan.actor_hosts)
+        replay = ShardedReplay([SharedReplay(init_replay(shard_config, example, spec, "cpu"),
+                                             TimedLock(threading.RLock())) for _ in range(plan.actor_hosts)])
+    else:
+        replay = SharedReplay(saved if saved is not None else init_replay(config, example, spec, "cpu"),
+                              TimedLock(ctx.RLock()))
     act_keys = [k for k in module.SPEC.act_keys or ACT_KEYS if k != "env_steps" and k in state.keys(True)]
-    params = SharedParams(state.select(*act_keys), TimedLock(ctx.Lock()))
-    params.publish(state.select(*act_keys), counters["updates"])
     throttle = Throttle(steps_per_collect, config.learning_starts, config.replay_ratio,
                         None if max_lead_collects is None else max_lead_collects * steps_per_collect)
-    sampler = AsyncSampler(_build_actor, (name, config, seed), replay, params, throttle, horizon=config.num_steps,
-                           total_steps=config.total_steps, start_env_steps=counters["env_steps"],
-                           device=sampler_device, seed=seed, threads=plan.threads, stall_timeout=stall_timeout,
-                           method=ctx_method)
+    if plan.actor_hosts:
+        from fnrl.distributed.actors import ActorHosts, torchrun_rendezvous
+
+        torchrun = torchrun_rendezvous(plan.actor_hosts)   # None: the hosts are local processes started here
+        sampler = params = ActorHosts(
+            replay, state.select(*act_keys), example.expand(config.num_steps, config.num_envs),
+            hosts=plan.actor_hosts, total_steps=config.total_steps, start_env_steps=counters["env_steps"],
+            rendezvous=torchrun and torchrun[0], version=counters["updates"],
+            spawn=None if torchrun else (_build_actor_host, (name, config, seed, throttle), sampler_device, seed,
+                                         plan.threads))
+    else:
+        params = SharedParams(state.select(*act_keys), TimedLock(ctx.Lock()))
+        params.publish(state.select(*act_keys), counters["updates"])
+        sampler = AsyncSampler(_build_actor, (name, config, seed), replay, params, throttle, horizon=config.num_steps,
+                               total_steps=config.total_steps, start_env_steps=counters["env_steps"],
+                               device=sampler_device, seed=seed, threads=plan.threads, stall_timeout=stall_timeout,
+                               method=ctx_method)
     return _AsyncRun(run_dir, config, plan.device, agent, state, counters, replay, params, act_keys, throttle, sampler)
+
+
+def act_as_host(rendezvous, rank: int, name: str, config=None, *, seed: int = 0, threads: int | None = 1,
+                sampler_device: str = "cpu", max_lead_collects: int | None = 4, **ignored) -> None:
+    """Rank `rank` > 0 of a torchrun launch with --actor-hosts: act for the learner at rank 0
+    until it stops (`fnrl.distributed.actors.actor_main`), then end the process (exit code 0, or
+    1 with one line on stderr when the learner went away first or acting failed); the learner
+    logs and reports."""
+    from fnrl.distributed.actors import actor_main
+    from fnrl.presets import configure
+
+    config = config if config is not None else configure(name)[0]
+    steps_per_collect = config.num_steps * config.num_envs
+    throttle = Throttle(steps_per_collect, config.learning_starts, config.replay_ratio,
+                        None if max_lead_collects is None else max_lead_collects * steps_per_collect)
+    code = 0
+    try:
+        actor_main(rendezvous, rank, _build_actor_host, (name, config, seed, throttle), device=sampler_device,
+                   seed=seed, threads=threads)
+    except Exception as e:  # noqa: BLE001 - the learner is gone, or this host failed: one line, then out
+        print(f"fnrl: actor host {rank}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)   # the rank's process only acts; gloo's threads may still sit in a receive, which a
+    #                  normal interpreter exit turns into an abort
 
 
 def _updates(run: _AsyncRun, state, metrics, env_steps: int, due: int):
@@ -249,8 +305,9 @@ def _updates(run: _AsyncRun, state, metrics, env_steps: int, due: int):
 
 def _waits(span: float, idle: float, snap: dict, seen: dict, lag: int) -> dict:
     """The async columns of a log row: policy lag, and the interval's share each process waited."""
+    hosts = {k: snap[k] for k in ("actors", "actors_lost", "discarded") if k in snap}
     return {"policy_lag": lag, "opt_wait": round(min(idle / span, 1.0), 3),
-            "sampler_wait": round(min((snap["wait_s"] - seen["wait_s"]) / span, 1.0), 3)}
+            "sampler_wait": round(min((snap["wait_s"] - seen["wait_s"]) / span, 1.0), 3), **hosts}
 
 
 def _evaluation(plan, start: int, run_dir):

@@ -31,6 +31,7 @@ import time
 import torch.distributed as dist
 
 from fnrl.distributed.data_parallel import STORE_VAR
+from fnrl.distributed.wire import LOOPBACK
 from fnrl.errors import ConfigError
 from fnrl.run.health import TrainingError
 from fnrl.run.stop import RunStopped, StopRequest
@@ -67,8 +68,6 @@ def _preflight(name: str, config, log_dir, resume, device: str, seed: int, nproc
     return config, log_dir
 
 
-LOOPBACK = "lo"
-"""The network interface gloo connects the ranks of one machine over (`GLOO_SOCKET_IFNAME`)."""
 
 
 def train_processes(train, nproc: int, name: str, config=None, **kwargs):

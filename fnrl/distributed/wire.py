@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ import torch.distributed as dist
 MAGIC = 0x666E726C   # "fnrl"
 HEADER, BODY, LAYOUT = 7001, 7002, 7003
 """The tags of headers, bodies and layouts: a receiver from any source matches headers alone."""
+LOOPBACK = "lo"
+"""The network interface gloo connects the ranks of one machine over (`GLOO_SOCKET_IFNAME`)."""
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
 """The dtypes a message may carry; a dtype's code on the wire is its index here."""
@@ -150,20 +153,97 @@ def recv_layout(src: int, group=None, max_bytes: int = 1 << 20) -> Layout:
 def send(message: dict, layout: Layout, dst: int, count: int = 0, group=None) -> None:
     """Send `message` (the fields of `layout`, in any order) to rank `dst`: header, then body.
     `count`: the sender's message number, which the receiver gets back in the header."""
-    body = layout.pack(message)
+    send_body(layout.pack(message), layout, dst, count, group)
+
+
+def send_body(body: torch.Tensor, layout: Layout, dst: int, count: int = 0, group=None) -> None:
+    """`send` of a message already packed (`layout.pack`)."""
     dist.send(torch.tensor([MAGIC, layout.digest, count], dtype=torch.int64), dst, group=group, tag=HEADER)
     dist.send(body, dst, group=group, tag=BODY)
 
 
-def recv(layout: Layout, src: int | None = None, group=None) -> tuple[int, int, dict]:
-    """Receive one message of `layout` from rank `src`, or from whichever rank sends first (None;
-    gloo): (sender rank, the sender's message count, {name: tensor}, views of one new buffer)."""
+def recv_header(layout: Layout, src: int | None = None, group=None) -> tuple[int, int]:
+    """Receive the header of the next message of `layout` from `src` (None: any rank, gloo):
+    (sender rank, the sender's message count); a WireError if it is not that layout's."""
     header = torch.empty(3, dtype=torch.int64)
     sender = dist.recv(header, src, group=group, tag=HEADER)
     magic, digest, count = header.tolist()
     if magic != MAGIC or digest != layout.digest:
         raise WireError(f"rank {sender} sent a message of another layout (magic {magic:#x}, digest {digest}; "
                         f"expected {MAGIC:#x}, {layout.digest}); both ends must agree on it with send_layout")
+    return sender, count
+
+
+def recv_body(layout: Layout, sender: int, group=None) -> dict:
+    """Receive the body that follows `sender`'s header: {name: tensor}, views of one new buffer."""
     body = torch.empty(layout.nbytes, dtype=torch.uint8)
     dist.recv(body, sender, group=group, tag=BODY)
-    return sender, count, layout.unpack(body)
+    return layout.unpack(body)
+
+
+def recv(layout: Layout, src: int | None = None, group=None) -> tuple[int, int, dict]:
+    """Receive one message of `layout` from rank `src`, or from whichever rank sends first (None;
+    gloo): (sender rank, the sender's message count, {name: tensor}, views of one new buffer)."""
+    sender, count = recv_header(layout, src, group)
+    return sender, count, recv_body(layout, sender, group)
+
+
+class Inbox:
+    """Every message of `layout` from rank `src`, received on a daemon thread and handed to
+    `deliver(count, fields)` there, in order.
+
+    A blocking receive per sender (gloo's works cannot be polled): a sender that dies ends the
+    thread with `error` set (its connection closes), without holding up other senders' inboxes.
+    `partial` says whether it died between a header and its body (a half-sent message, discarded).
+    """
+
+    def __init__(self, layout: Layout, src: int, deliver, group=None):
+        self.layout, self.src, self.deliver, self.group = layout, src, deliver, group
+        self.error: str | None = None
+        self.partial = False
+        self.thread = threading.Thread(target=self._run, name=f"fnrl-inbox-{src}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                _, count = recv_header(self.layout, self.src, self.group)
+                self.partial = True
+                fields = recv_body(self.layout, self.src, self.group)
+                self.partial = False
+                self.deliver(count, fields)
+        except BaseException as e:  # noqa: BLE001 - the owner reads it
+            self.error = f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+class Outbox:
+    """Send the newest message `put` here to rank `dst` on a daemon thread: one put while the
+    previous message is still on its way replaces any older one not yet sent, so a slow receiver
+    gets fewer messages and never holds up the sender. `error` is set once a send fails."""
+
+    def __init__(self, layout: Layout, dst: int, group=None):
+        self.layout, self.dst, self.group = layout, dst, group
+        self.error: str | None = None
+        self._next = None
+        self._ready = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name=f"fnrl-outbox-{dst}", daemon=True)
+        self.thread.start()
+
+    def put(self, body: torch.Tensor, count: int) -> None:
+        """Queue a packed message (`layout.pack`; not copied, so do not write to it afterwards)."""
+        with self._ready:
+            self._next = (body, count)
+            self._ready.notify()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._ready:
+                    while self._next is None:
+                        self._ready.wait()
+                    body, count = self._next
+                    self._next = None
+                send_body(body, self.layout, self.dst, count, self.group)
+        except BaseException as e:  # noqa: BLE001 - the owner reads it
+            self.error = f"{type(e).__name__}: {e}".splitlines()[0]
+

@@ -65,6 +65,8 @@ class Plan:
     track: str | None = None
     """--track: wandb or mlflow (`fnrl.run.tracking`)"""
     sampler_workers: int | None = None
+    actor_hosts: int = 0
+    """--actor-hosts: actor hosts feeding the async learner over torch.distributed; 0: one sampler process"""
     cuda_graphs: bool = False
     accel: AccelOptions = dataclasses.field(default_factory=AccelOptions)
     """how compiled steps run (`fnrl.accel.AccelOptions`)"""
@@ -187,6 +189,10 @@ def _check(plan: Plan, world) -> None:
     if world.size > 1 and (rows or sampler != "serial"):
         raise ConfigError("data-parallel runs (--nproc / torchrun) use the serial sampler and one seed per "
                           "process; drop --sampler / --num-seeds / --sweep")
+    hosts = plan.actor_hosts
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 0 or (hosts and sampler != "async"):
+        raise ConfigError(f"--actor-hosts N (N >= 1) runs --sampler async's actors as N hosts over torch.distributed; "
+                          f"got {hosts!r} with --sampler {sampler}")
     if sampler != "async":
         samplers.load(sampler)   # an unknown name: one line listing the choices
     if sampler == "graph":

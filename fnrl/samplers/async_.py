@@ -309,7 +309,7 @@ PROCESS_NAME = b"fnrl-sampler"
 """The sampler's OS-level name (`ps`, /proc/PID/comm) on Linux."""
 
 
-def _set_process_name(name: bytes) -> None:
+def set_process_name(name: bytes) -> None:
     try:
         import ctypes
 
@@ -320,7 +320,7 @@ def _set_process_name(name: bytes) -> None:
 
 def _sampler_main(job, replay, params, throttle, ints, floats, error, stats_lock, parent_pid):
     leave_signals_to_parent()   # Ctrl-C / SIGTERM: the learner stops this process after its checkpoint
-    _set_process_name(PROCESS_NAME)
+    set_process_name(PROCESS_NAME)
     env = None
 
     def check_stop() -> None:
