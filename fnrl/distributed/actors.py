@@ -2,7 +2,8 @@
 
     learner (rank 0)                                  actor host k (rank k = 1..N)
     ----------------                                  ----------------------------
-    TCPStore server: stop, updates, env_steps  <--->  reads them every collect (throttle, epsilon, stop)
+    TCPStore server: "stop updates can_sample  <--->  reads it every collect (throttle, epsilon, stop)
+      env_steps" in one key
     receiver thread: wire.post(rollout, k) for  <----  SerialSampler.collect [T, B]; wire.send to rank 0
       every live k, replay.add on arrival
     publish(params, version): wire.isend to k  ---->  wire.post(params, 0), taken between collects
@@ -112,7 +113,9 @@ class Rendezvous:
 
 
 def _message(rollout: TensorDict, version: int, wait_s: float) -> dict:
-    fields = dict(rollout.flatten_keys(SEP).items())
+    """A rollout's message: its fields but next_obs (the replay takes it from the next row), the
+    parameter version it was collected with and the actor's seconds spent waiting so far."""
+    fields = dict(rollout.exclude("next_obs").flatten_keys(SEP).items())
     fields["version"] = torch.tensor(version, dtype=torch.int64)
     fields["wait_s"] = torch.tensor(wait_s, dtype=torch.float64)
     return fields
@@ -160,7 +163,7 @@ class ActorHosts:
         self.lock = threading.Lock()
         self.store = None
         self.done = False
-        self._told: tuple | None = None
+        self._told: tuple = (-1, False)
         self._looked = 0.0
 
     # ---- start --------------------------------------------------------------------------
@@ -175,7 +178,6 @@ class ActorHosts:
                                                 args=(r, k, *self.spawn, os.getpid()))
                 self.processes[k].start()
         self.store = r.join(0)
-        self.store.set("stop", "0")
         self.notify(0, False)
         self.live = set(range(1, self.hosts + 1))
         for k in sorted(self.live):
@@ -213,8 +215,15 @@ class ActorHosts:
         """Tell the actors the learner's update count and whether it could sample (their throttle)."""
         told = (updates, bool(can_sample))
         if told != self._told:
-            self.store.set("learner", f"{updates} {int(can_sample)}")
             self._told = told
+            self._tell()
+
+    def _tell(self) -> None:
+        """Write what the actors read in one store key: "stop updates can_sample env_steps"."""
+        with self.lock:
+            updates, can_sample = self._told
+            line = f"{int(self.done)} {updates} {int(can_sample)} {self.env_steps}"
+        self.store.set("learner", line)
 
     def wait_for_data(self, timeout: float = 0.05) -> None:
         start, deadline = (self.env_steps, self.done), time.monotonic() + timeout
@@ -259,10 +268,7 @@ class ActorHosts:
             self.returns.extend(returns)
             self.versions[k], self.waits[k] = version, wait_s
             self.done = self.env_steps >= self.total_steps
-            steps, done = self.env_steps, self.done
-        self.store.set("env_steps", str(steps))
-        if done:
-            self.store.set("stop", "1")
+        self._tell()
 
     # ---- stop -----------------------------------------------------------------------------
     def stop(self, timeout: float = 10.0) -> None:
@@ -270,7 +276,7 @@ class ActorHosts:
         self.done = True
         try:
             if self.store is not None:
-                self.store.set("stop", "1")
+                self._tell()
         except Exception:  # noqa: BLE001
             pass
         for p in self.processes.values():
@@ -341,13 +347,10 @@ def actor_main(rendezvous: Rendezvous, rank: int, build: Callable, build_args: t
             if (parent_pid is not None and os.getppid() != parent_pid) or inbox.error is not None:
                 raise LearnerGone("the learner is gone (its process or connection ended)")
             try:
-                if store.get("stop") == b"1":
-                    return -1, 0, False
-                updates, can_sample = map(int, store.get("learner").split())
-                steps = int(store.get("env_steps")) if store.check(["env_steps"]) else 0
+                stop, updates, can_sample, steps = map(int, store.get("learner").split())
             except (RuntimeError, ValueError) as e:
                 raise LearnerGone(f"the learner's store stopped answering: {e}") from e
-            return steps, updates, bool(can_sample)
+            return -1 if stop else steps, updates, bool(can_sample)
 
         with torch.no_grad():
             while True:
@@ -378,8 +381,9 @@ def actor_main(rendezvous: Rendezvous, rank: int, build: Callable, build_args: t
                 except RuntimeError as e:
                     raise LearnerGone(f"sending to the learner failed: {e}") from e
                 count += 1
-                store.add(f"beat/{rank}", 1)
-                beat = time.monotonic()
+                if time.monotonic() - beat > BEAT_S:
+                    store.add(f"beat/{rank}", 1)
+                    beat = time.monotonic()
     except LearnerGone:
         raise
     except BaseException as e:   # the learner reports it if every actor fails
