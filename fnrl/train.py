@@ -62,6 +62,9 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
         from fnrl.distributed.actors import torchrun_rendezvous
         from fnrl.train_async import act_as_host
 
+        if kwargs.get("resume") is not None:
+            raise ConfigError("--resume does not continue a torchrun run with --actor-hosts (its actor ranks "
+                              "cannot read the checkpoint's config); start a new run")
         rendezvous, rank = torchrun_rendezvous(kwargs["actor_hosts"])
         return act_as_host(rendezvous, rank, name, config, **kwargs) if rank > 0 else run(World(), name, config,
                                                                                                **kwargs)
@@ -147,7 +150,8 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
                      update_threads=update_threads, tensorboard=tensorboard, plot=plot, stop_return=stop_return,
                      eval_interval=eval_interval, eval_episodes=eval_episodes, capture_video=capture_video, track=track,
                      sampler=sampler,
-                     sampler_workers=sampler_workers, actor_hosts=actor_hosts, num_seeds=num_seeds, sweep=sweep, cuda_graphs=cuda_graphs,
+                     sampler_workers=sampler_workers, actor_hosts=actor_hosts, num_seeds=num_seeds, sweep=sweep,
+                     cuda_graphs=cuda_graphs,
                      preset=preset, accel=accel, changes=changes, callbacks=callbacks or [])
     if threads is not None:
         torch.set_num_threads(threads)

@@ -17,7 +17,6 @@ the parameters the sampler last acted with were published), `opt_wait` and
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 import time
@@ -105,15 +104,14 @@ def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | N
         save_checkpoint(last_checkpoint, checkpoint_payload(
             algo=plan.name, seed=plan.seed, config=dataclasses.asdict(config), state=state, counters=counters,
             preset=plan.preset, sampler="async", episodes=progress.stats.state_dict(),
-            replay=replay.snapshot() if isinstance(replay, SharedReplay) and replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES
-            else None))
+            replay=replay.snapshot() if _keeps_replay(replay) else None))
 
     from fnrl.logger import Logger
 
-    sampler.start()   # a spawned process: it inherits none of this process's threads
     progress = evaluation = None
     stop = StopRequest().start()
     try:
+        sampler.start()   # spawned processes: they inherit none of this process's threads
         evaluation = _evaluation(plan, counters["env_steps"], run.run_dir)
         progress = Progress(Logger(run.run_dir, tensorboard=plan.tensorboard,
                                    resumed_at=ckpt["counters"]["env_steps"] if ckpt is not None else None,
@@ -206,7 +204,6 @@ class _AsyncRun:
 
 def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeout: float) -> _AsyncRun:
     name, module, config, seed, ckpt = plan.name, plan.module, plan.config, plan.seed, plan.ckpt
-    steps_per_collect = config.num_steps * config.num_envs
     probe = envs.make(config.env_id, config.num_envs, seed=rng.env_seeds(seed, config.num_envs), **config.env_kwargs)
     spec = probe.spec
     agent = make_agent(module, config, spec, plan.compile, accel=plan.accel)
@@ -237,8 +234,7 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
         replay = SharedReplay(saved if saved is not None else init_replay(config, example, spec, "cpu"),
                               TimedLock(ctx.RLock()))
     act_keys = [k for k in module.SPEC.act_keys or ACT_KEYS if k != "env_steps" and k in state.keys(True)]
-    throttle = Throttle(steps_per_collect, config.learning_starts, config.replay_ratio,
-                        None if max_lead_collects is None else max_lead_collects * steps_per_collect)
+    throttle = _throttle(config, max_lead_collects)
     if plan.actor_hosts:
         from fnrl.distributed.actors import ActorHosts, torchrun_rendezvous
 
@@ -268,21 +264,16 @@ def act_as_host(rendezvous, rank: int, name: str, config=None, *, seed: int = 0,
     from fnrl.distributed.actors import actor_main
     from fnrl.presets import configure
 
+    from fnrl.distributed.actors import exit_now
+
     config = config if config is not None else configure(name)[0]
-    steps_per_collect = config.num_steps * config.num_envs
-    throttle = Throttle(steps_per_collect, config.learning_starts, config.replay_ratio,
-                        None if max_lead_collects is None else max_lead_collects * steps_per_collect)
-    code = 0
     try:
-        actor_main(rendezvous, rank, _build_actor_host, (name, config, seed, throttle), device=sampler_device,
-                   seed=seed, threads=threads)
+        actor_main(rendezvous, rank, _build_actor_host, (name, config, seed, _throttle(config, max_lead_collects)),
+                   device=sampler_device, seed=seed, threads=threads)
     except Exception as e:  # noqa: BLE001 - the learner is gone, or this host failed: one line, then out
         print(f"fnrl: actor host {rank}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)   # the rank's process only acts; gloo's threads may still sit in a receive, which a
-    #                  normal interpreter exit turns into an abort
+        exit_now(1)
+    exit_now(0)   # the rank's process only acts
 
 
 def _updates(run: _AsyncRun, state, metrics, env_steps: int, due: int):
@@ -308,6 +299,20 @@ def _waits(span: float, idle: float, snap: dict, seen: dict, lag: int) -> dict:
     hosts = {k: snap[k] for k in ("actors", "actors_lost", "discarded") if k in snap}
     return {"policy_lag": lag, "opt_wait": round(min(idle / span, 1.0), 3),
             "sampler_wait": round(min((snap["wait_s"] - seen["wait_s"]) / span, 1.0), 3), **hosts}
+
+
+def _keeps_replay(replay) -> bool:
+    """Whether a checkpoint holds the replay: a one-machine replay small enough (not the shards
+    of actor hosts)."""
+    return isinstance(replay, SharedReplay) and replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES
+
+
+def _throttle(config, max_lead_collects: int | None) -> Throttle:
+    """The run's `Throttle`: the serial loop's replay ratio, the sampler at most `max_lead_collects`
+    collects ahead (None: no limit)."""
+    steps_per_collect = config.num_steps * config.num_envs
+    return Throttle(steps_per_collect, config.learning_starts, config.replay_ratio,
+                    None if max_lead_collects is None else max_lead_collects * steps_per_collect)
 
 
 def _evaluation(plan, start: int, run_dir):

@@ -21,11 +21,12 @@ from tensordict import TensorDict
 
 from fnrl import replay
 from fnrl.algos import default_config
-from fnrl.distributed.actors import PROCESS_NAME
+from fnrl.distributed.actors import PROCESS_NAME, ActorHosts
+from fnrl.errors import SamplerError
 from fnrl.errors import ConfigError
 from fnrl.presets import configure
 from fnrl.replay.shared import SharedReplay
-from fnrl.replay.sharded import ShardedReplay
+from fnrl.replay.sharded import ShardedReplay, split
 from fnrl.replay.sum_tree import sum_tree_get
 from fnrl.samplers.async_ import Throttle
 from fnrl.train import train
@@ -76,6 +77,24 @@ def test_a_shard_that_cannot_serve_its_share_is_left_out():
     assert _sharded(2).sample(16) is None
 
 
+def test_the_batch_is_split_as_evenly_as_the_shards_allow():
+    assert split(8, [10, 10]) == [4, 4]
+    assert split(8, [1, 10]) == [1, 7]
+    assert split(256, [127, 200]) == [127, 129]   # together they can, though one is short of 128
+    assert split(7, [10, 10, 10]) == [2, 2, 3]
+    assert split(16, [0, 0]) is None and split(3, [1, 1]) is None
+    g = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        available = torch.randint(0, 40, (int(torch.randint(1, 5, (), generator=g)),), generator=g).tolist()
+        n = int(torch.randint(1, 100, (), generator=g))
+        sizes = split(n, available)
+        assert (sizes is None) == (sum(available) < n)
+        if sizes is not None:
+            assert sum(sizes) == n and all(0 <= s <= a for s, a in zip(sizes, available))
+            assert max(sizes) - min(s for s, a in zip(sizes, available) if a > s) <= 1 if any(
+                a > s for s, a in zip(sizes, available)) else True
+
+
 def test_priorities_go_back_to_the_shard_that_drew_the_row():
     sharded = _sharded(2, prioritized=True)
     for k in range(2):
@@ -106,6 +125,23 @@ def test_two_actor_hosts_feed_the_learner(tmp_path):
     assert (last["actors"], last["actors_lost"], last["discarded"]) == (2, 0, 0)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["actor_hosts"] == 2
     assert math.isfinite(final_evaluations(result)[0])
+
+
+def _failing_build(*args):
+    raise RuntimeError("no env here")
+
+
+def test_an_actor_failing_before_the_run_starts_stops_it_at_once_with_its_error():
+    hosts = ActorHosts(None, TensorDict({"params": {"w": torch.zeros(3)}}, []), _rows(0), hosts=2, total_steps=100,
+                       spawn=(_failing_build, (), "cpu", 0, 1))
+    t0 = time.monotonic()
+    with pytest.raises(SamplerError, match="failed before the run started: actor [12]: RuntimeError: no env here"):
+        try:
+            hosts.start()
+        finally:
+            hosts.stop()
+    assert time.monotonic() - t0 < 120
+    assert all(p.exitcode is not None for p in hosts.processes.values())
 
 
 def test_actor_hosts_need_the_async_sampler(tmp_path):

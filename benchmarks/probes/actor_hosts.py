@@ -37,7 +37,8 @@ def steady(rows: list[dict], learning_starts: int) -> dict:
     late = [r for r in rows if r["env_steps"] > learning_starts + 1_000]
     first, last = late[0], late[-1]
     return {"sps": (last["env_steps"] - first["env_steps"]) / max(last["wall_s"] - first["wall_s"], 1e-9),
-            "lag": statistics.mean(r["policy_lag"] for r in late), "opt_wait": statistics.mean(r["opt_wait"] for r in late)}
+            "lag": statistics.mean(r["policy_lag"] for r in late),
+            "opt_wait": statistics.mean(r["opt_wait"] for r in late)}
 
 
 def run(hosts: int, steps: int, replay_ratio: float) -> dict:

@@ -10,9 +10,9 @@ and capacity // K rows, written at its own pace:
     batch = replay.sample(batch_size, beta)           # TensorDict [batch_size] or None
     replay.update_priorities(batch["index"], td_error, sampled_at)
 
-Sampling splits the batch evenly between the shards that can serve their share (the first
-batch_size % K of them take one row more), so the batch keeps its size when a shard is still
-filling or its actor is gone (its rows stay and are still drawn). With actors at equal speed
+Sampling splits the batch as evenly between the shards as their sampleable rows allow (`split`),
+so the batch keeps its size when a shard is still filling or its actor is gone (its rows stay
+and are still drawn). With actors at equal speed
 this is uniform over all rows; with prioritized shards it is stratified by shard, and the
 importance weights are each shard's own (normalized within its part of the batch), as with
 the sharded replay tables of Ape-X-style systems. `index` encodes the shard:
@@ -25,7 +25,24 @@ from tensordict import TensorDict
 
 from fnrl.replay.shared import SharedReplay
 
-__all__ = ["ShardedReplay"]
+__all__ = ["ShardedReplay", "split"]
+
+
+def split(batch_size: int, available: list[int]) -> list[int] | None:
+    """Rows to draw from each shard: as even as the shards' sampleable rows `available` allow (a
+    shard short of its even share gives all it has, the fuller ones the rest; where the split is
+    uneven, the fuller shards take the extra rows); None if they hold fewer than `batch_size` in all.
+
+        split(8, [10, 10]) == [4, 4];  split(8, [1, 10]) == [1, 7];  split(256, [127, 200]) == [127, 129]
+    """
+    if sum(available) < batch_size:
+        return None
+    sizes, left = [0] * len(available), batch_size
+    order = sorted(range(len(available)), key=lambda k: (available[k], k))
+    for i, k in enumerate(order):
+        sizes[k] = min(available[k], left // (len(order) - i))
+        left -= sizes[k]
+    return sizes
 
 
 class ShardedReplay:
@@ -51,21 +68,17 @@ class ShardedReplay:
 
     def sample(self, batch_size: int, beta: float | torch.Tensor = 0.4, *,
                generator: torch.Generator | None = None) -> TensorDict | None:
-        """`batch_size` rows, split evenly between the shards that can serve their share; None
-        while the shards together cannot."""
-        ready = list(range(len(self.shards)))
-        while ready:
-            share = [batch_size // len(ready) + (i < batch_size % len(ready)) for i in range(len(ready))]
-            able = [k for k, n in zip(ready, share) if self.shards[k].num_sampleable() >= n]
-            if able == ready:
-                break
-            ready = able
-        if not ready:
+        """`batch_size` rows, split as evenly between the shards as their sampleable rows allow
+        (`split`); None while the shards together hold fewer."""
+        sizes = split(batch_size, [s.num_sampleable() for s in self.shards])
+        if sizes is None:
             return None
         parts = []
-        for k, n in zip(ready, share):
+        for k, n in enumerate(sizes):
+            if n == 0:
+                continue
             part = self.shards[k].sample(n, beta=beta, generator=generator)
-            if part is None:   # the shard's count moved between the check and the draw
+            if part is None:   # cannot happen while only `add` writes: rows only become sampleable
                 return None
             part["index"] = part["index"] + k * self.stride
             parts.append(part)
