@@ -258,7 +258,7 @@ def test_every_actor_host_exits_when_the_learner_is_killed(tmp_path, cli_run):
 
 
 # ---------------------------------------------------------------- learning
-@pytest.mark.slow
+@pytest.mark.matrix   # three processes on the two cores for 1.5-3 min: CI's time goes to the other tests
 def test_dqn_learns_cartpole_from_two_actor_hosts_into_prioritized_replay(tmp_path):
     """DQN's CartPole preset with prioritized replay, fed by two actor hosts (50k env steps): the
     final evaluation without exploration is 400 or more on seed 0, or on seed 1 where seed 0

@@ -330,6 +330,8 @@ class ActorHosts:
             if p.is_alive():
                 p.kill()
                 p.join(timeout)
+        for outbox in self.outboxes.values():   # no thread left inside the process group it leaves
+            outbox.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         self.store = None

@@ -225,6 +225,7 @@ class Outbox:
         self.layout, self.dst, self.group = layout, dst, group
         self.error: str | None = None
         self._next = None
+        self._closed = False
         self._ready = threading.Condition()
         self.thread = threading.Thread(target=self._run, name=f"fnrl-outbox-{dst}", daemon=True)
         self.thread.start()
@@ -235,12 +236,21 @@ class Outbox:
             self._next = (body, count)
             self._ready.notify()
 
+    def close(self, timeout: float = 1.0) -> None:
+        """Send nothing more; wait up to `timeout` s for a send on its way to end."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self.thread.join(timeout)
+
     def _run(self) -> None:
         try:
             while True:
                 with self._ready:
-                    while self._next is None:
+                    while self._next is None and not self._closed:
                         self._ready.wait()
+                    if self._closed:
+                        return
                     body, count = self._next
                     self._next = None
                 send_body(body, self.layout, self.dst, count, self.group)
