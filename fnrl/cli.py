@@ -163,8 +163,9 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--sampler-workers", type=int, default=None, metavar="W",
                         help="worker processes of --sampler parallel (default: one per core, dividing --num-envs)")
     parser.add_argument("--actor-hosts", type=int, default=0, metavar="N",
-                        help="with --sampler async: N actor hosts (here, local processes) send rollouts to the "
-                             "learner's replay over torch.distributed and get parameters back (Ape-X)")
+                        help="with --sampler async: N actor hosts (local processes, or ranks 1..N under torchrun) "
+                             "send rollouts to the learner's replay over torch.distributed and get parameters back "
+                             "(Ape-X)")
     parser.add_argument("--num-seeds", type=int, default=1, metavar="K",
                         help="train seeds SEED..SEED+K-1 at once in one process, vmapped (default: 1)")
     parser.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",

@@ -66,8 +66,9 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
             raise ConfigError("--resume does not continue a torchrun run with --actor-hosts (its actor ranks "
                               "cannot read the checkpoint's config); start a new run")
         rendezvous, rank = torchrun_rendezvous(kwargs["actor_hosts"])
-        return act_as_host(rendezvous, rank, name, config, **kwargs) if rank > 0 else run(World(), name, config,
-                                                                                               **kwargs)
+        if rank > 0:
+            return act_as_host(rendezvous, rank, name, config, **kwargs)
+        return run(World(), name, config, **kwargs)
     world = world_from_env(kwargs.get("device", "cpu"))
     try:
         return run(world, name, config, **kwargs)

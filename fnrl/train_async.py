@@ -261,10 +261,8 @@ def act_as_host(rendezvous, rank: int, name: str, config=None, *, seed: int = 0,
     until it stops (`fnrl.distributed.actors.actor_main`), then end the process (exit code 0, or
     1 with one line on stderr when the learner went away first or acting failed); the learner
     logs and reports."""
-    from fnrl.distributed.actors import actor_main
+    from fnrl.distributed.actors import actor_main, exit_now
     from fnrl.presets import configure
-
-    from fnrl.distributed.actors import exit_now
 
     config = config if config is not None else configure(name)[0]
     try:

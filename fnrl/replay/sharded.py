@@ -12,11 +12,10 @@ and capacity // K rows, written at its own pace:
 
 Sampling splits the batch as evenly between the shards as their sampleable rows allow (`split`),
 so the batch keeps its size when a shard is still filling or its actor is gone (its rows stay
-and are still drawn). With actors at equal speed
-this is uniform over all rows; with prioritized shards it is stratified by shard, and the
-importance weights are each shard's own (normalized within its part of the batch), as with
-the sharded replay tables of Ape-X-style systems. `index` encodes the shard:
-shard * rows_per_shard + the shard's index, so priorities find their way back.
+and are still drawn). With actors at equal speed this is uniform over all rows; with
+prioritized shards it is stratified by shard, and the importance weights are each shard's own
+(normalized within its part of the batch). `index` encodes the shard: shard * stride + the
+shard's own index (stride: the largest shard's row count), so priorities find their way back.
 """
 from __future__ import annotations
 
