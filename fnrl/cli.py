@@ -165,7 +165,8 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--actor-hosts", type=int, default=0, metavar="N",
                         help="with --sampler async: N actor hosts (local processes, or ranks 1..N under torchrun) "
                              "send rollouts to the learner's replay over torch.distributed and get parameters back "
-                             "(Ape-X)")
+                             "(Ape-X); with impala: N env hosts send observations and get actions from the "
+                             "learner's batched inference (SEED RL)")
     parser.add_argument("--num-seeds", type=int, default=1, metavar="K",
                         help="train seeds SEED..SEED+K-1 at once in one process, vmapped (default: 1)")
     parser.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from fnrl import envs, rng
+from fnrl import algos, envs, rng
 from fnrl.accel.inductor import apply_workarounds
 from fnrl.accel.options import AccelOptions
 from fnrl.errors import ConfigError
@@ -59,14 +59,17 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
     from fnrl.distributed import World, world_from_env
 
     if kwargs.get("actor_hosts") and int(os.environ.get("WORLD_SIZE", "1")) > 1:   # torchrun: rank 0 learns
-        from fnrl.distributed.actors import torchrun_rendezvous
-        from fnrl.train_async import act_as_host
+        from fnrl.distributed.hosts import torchrun_rendezvous
 
         if kwargs.get("resume") is not None:
             raise ConfigError("--resume does not continue a torchrun run with --actor-hosts (its actor ranks "
                               "cannot read the checkpoint's config); start a new run")
         rendezvous, rank = torchrun_rendezvous(kwargs["actor_hosts"])
         if rank > 0:
+            if algos.load(name).SPEC.runtime == "central" and kwargs.get("sampler") in (None, "serial"):
+                from fnrl.train_central import act_as_env_host as act_as_host
+            else:
+                from fnrl.train_async import act_as_host
             return act_as_host(rendezvous, rank, name, config, **kwargs)
         return run(World(), name, config, **kwargs)
     world = world_from_env(kwargs.get("device", "cpu"))
@@ -131,7 +134,9 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
     sampler_workers: worker processes of the parallel sampler (default: one per core).
     actor_hosts: with sampler="async", N actor hosts feed the learner's replay over
         torch.distributed instead of one sampler process over shared memory
-        (`fnrl.distributed.actors`; started here as N local processes over loopback).
+        (`fnrl.distributed.actors`, Ape-X); with impala, N env hosts are its actors, the learner
+        acting for them (`fnrl.distributed.env_hosts`, SEED RL). Started here as N local processes
+        over loopback, or the other ranks of a torchrun launch.
     cuda_graphs: replay steps from CUDA graphs (`fnrl.accel.cudagraphs`; needs --device cuda and
         compile): off-policy, the fused learner step (one seed, a row replay without frame
         stacks); on-policy (PPO, A2C), the update and a feed-forward policy's acting step (one

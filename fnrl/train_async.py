@@ -17,7 +17,6 @@ the parameters the sampler last acted with were published), `opt_wait` and
 from __future__ import annotations
 
 import dataclasses
-import sys
 import threading
 import time
 from pathlib import Path
@@ -75,10 +74,13 @@ def _build_actor(name: str, config, seed: int, index: int = 0):
     return env, agent.act, agent.init(seed)
 
 
-def _build_actor_host(name: str, config, seed: int, throttle: Throttle, index: int):
-    """Run on actor host `index` (`fnrl.distributed.actors.actor_main`): `_build_actor`'s env, act
-    and state, the run's throttle and horizon."""
-    return (*_build_actor(name, config, seed, index), throttle, config.num_steps)
+def _build_actor_host(name: str, config, seed: int, throttle: Throttle, device: str, index: int):
+    """Run on actor host `index` (`fnrl.distributed.hosts.host_main`): `_build_actor`'s env, and the
+    loop acting with its policy under the run's throttle (`fnrl.distributed.actors.acting_loop`)."""
+    from fnrl.distributed.actors import acting_loop
+
+    env, act, state = _build_actor(name, config, seed, index)
+    return env, acting_loop(env, act, state, throttle, config.num_steps, device)
 
 
 def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | None = 4,
@@ -236,14 +238,15 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
     act_keys = [k for k in module.SPEC.act_keys or ACT_KEYS if k != "env_steps" and k in state.keys(True)]
     throttle = _throttle(config, max_lead_collects)
     if plan.actor_hosts:
-        from fnrl.distributed.actors import ActorHosts, torchrun_rendezvous
+        from fnrl.distributed.actors import ActorHosts
+        from fnrl.distributed.hosts import torchrun_rendezvous
 
         torchrun = torchrun_rendezvous(plan.actor_hosts)   # None: the hosts are local processes started here
         sampler = params = ActorHosts(
             replay, state.select(*act_keys), example.expand(config.num_steps, config.num_envs),
             hosts=plan.actor_hosts, total_steps=config.total_steps, start_env_steps=counters["env_steps"],
             rendezvous=torchrun and torchrun[0], version=counters["updates"],
-            spawn=None if torchrun else (_build_actor_host, (name, config, seed, throttle), sampler_device, seed,
+            spawn=None if torchrun else (_build_actor_host, (name, config, seed, throttle, sampler_device), seed,
                                          plan.threads))
     else:
         params = SharedParams(state.select(*act_keys), TimedLock(ctx.Lock()))
@@ -258,20 +261,13 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
 def act_as_host(rendezvous, rank: int, name: str, config=None, *, seed: int = 0, threads: int | None = 1,
                 sampler_device: str = "cpu", max_lead_collects: int | None = 4, **ignored) -> None:
     """Rank `rank` > 0 of a torchrun launch with --actor-hosts: act for the learner at rank 0
-    until it stops (`fnrl.distributed.actors.actor_main`), then end the process (exit code 0, or
-    1 with one line on stderr when the learner went away first or acting failed); the learner
-    logs and reports."""
-    from fnrl.distributed.actors import actor_main, exit_now
+    until it stops, then end the process (`fnrl.distributed.hosts.run_host`)."""
+    from fnrl.distributed.hosts import run_host
     from fnrl.presets import configure
 
     config = config if config is not None else configure(name)[0]
-    try:
-        actor_main(rendezvous, rank, _build_actor_host, (name, config, seed, _throttle(config, max_lead_collects)),
-                   device=sampler_device, seed=seed, threads=threads)
-    except Exception as e:  # noqa: BLE001 - the learner is gone, or this host failed: one line, then out
-        print(f"fnrl: actor host {rank}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
-        exit_now(1)
-    exit_now(0)   # the rank's process only acts
+    run_host(rendezvous, rank, _build_actor_host,
+             (name, config, seed, _throttle(config, max_lead_collects), sampler_device), seed=seed, threads=threads)
 
 
 def _updates(run: _AsyncRun, state, metrics, env_steps: int, due: int):

@@ -8,6 +8,10 @@ parameters (policy version + 1), and logs and checkpoints through the same helpe
 holds `policy_lag_mean` (learner version minus the behaviour version of the consumed
 steps, averaged over the interval), `policy_lag_max`, and `inference_batch` (mean
 actor requests per inference forward).
+
+With `--actor-hosts N` the actors are N env hosts over torch.distributed
+(`fnrl.distributed.env_hosts`, SEED RL): local processes, or ranks 1..N of a torchrun launch
+(`act_as_env_host`); progress.csv adds `actors`, `actors_lost` and `discarded`.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from fnrl import envs
+from fnrl import envs, rng
 from fnrl.accel.compiled import compile_update
 from fnrl.run.cadence import cadences
 from fnrl.run.callbacks import for_run as callbacks_for_run
@@ -35,6 +39,7 @@ def train_central(plan) -> TrainResult:
     Raises TrainingError (one line) if an actor dies, the inference server fails, or a loss
     becomes NaN; the last checkpoint stays intact.
     """
+    from fnrl.errors import SamplerError
     from fnrl.logger import Logger
     from fnrl.samplers.central import ActorError
 
@@ -68,7 +73,10 @@ def train_central(plan) -> TrainResult:
     metrics, seen = {}, (0, 0)   # seen: the inference server's forwards and requests at the last row
     stop = StopRequest().start()
     try:
-        sampler.start()
+        try:
+            sampler.start()
+        except (ActorError, SamplerError) as e:   # an env host failed before the run started
+            raise stopped_by(e, counters["env_steps"], last_checkpoint) from None
         while counters["env_steps"] < config.total_steps:
             try:
                 batch = sampler.get(config.batch_size)
@@ -133,7 +141,7 @@ def _start(plan):
     inference_act = module.make(config, spec).act
     update = compile_update(agent.update) if plan.compile else agent.update
     run_dir = prepare_run_dir(plan.log_dir, name, config, seed, ckpt is not None)
-    write_config_json(run_dir, name, seed, config, plan.preset)
+    write_config_json(run_dir, name, seed, config, plan.preset, actor_hosts=plan.actor_hosts)
     state = agent.init(seed)
     counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_s": 0.0}
     if ckpt is not None:
@@ -141,12 +149,54 @@ def _start(plan):
         torch.set_rng_state(ckpt["torch_rng"])
         np.random.set_state(ckpt["numpy_rng"])
     state = state.to(plan.device)
-    sampler = CentralSampler(config.env_id, config.num_envs, config.num_actors, inference_act, state,
-                             horizon=config.num_steps, obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype,
-                             seed=seed, num_slots=config.queue_size, batch_wait_s=config.batch_wait_ms / 1000,
-                             device=plan.device, env_kwargs=config.env_kwargs)
+    if plan.actor_hosts:
+        sampler = _env_hosts(plan, inference_act, state, spec)
+    else:
+        sampler = CentralSampler(config.env_id, config.num_envs, config.num_actors, inference_act, state,
+                                 horizon=config.num_steps, obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype,
+                                 seed=seed, num_slots=config.queue_size, batch_wait_s=config.batch_wait_ms / 1000,
+                                 device=plan.device, env_kwargs=config.env_kwargs)
     sampler.set_state(state, counters["updates"])
     return update, state, counters, sampler, run_dir
+
+
+def _env_hosts(plan, act, state, spec):
+    """The `fnrl.distributed.env_hosts.EnvHosts` of a run with --actor-hosts: local processes, or
+    the other ranks of this torchrun launch."""
+    from fnrl.distributed.env_hosts import EnvHosts
+    from fnrl.distributed.hosts import torchrun_rendezvous
+
+    config, hosts = plan.config, plan.actor_hosts
+    torchrun = torchrun_rendezvous(hosts)   # None: the hosts are local processes started here
+    return EnvHosts(act, state, hosts=hosts, num_envs=config.num_envs, horizon=config.num_steps,
+                    obs_shape=spec.obs_shape, obs_dtype=spec.obs_dtype, num_slots=config.queue_size,
+                    batch_wait_s=config.batch_wait_ms / 1000, device=plan.device,
+                    rendezvous=torchrun and torchrun[0],
+                    spawn=None if torchrun else (_build_env_host, (config, plan.seed, hosts), plan.seed, plan.threads))
+
+
+def _build_env_host(config, seed: int, hosts: int, index: int):
+    """Run on env host `index` (`fnrl.distributed.hosts.host_main`): its envs, seeded as actor
+    `index` of a one-machine run, and the loop stepping them for the learner."""
+    from fnrl.distributed.env_hosts import stepping_loop
+
+    B = config.num_envs
+    env = envs.make(config.env_id, B, seed=rng.env_seeds(seed, hosts * B)[index * B:(index + 1) * B],
+                    **config.env_kwargs)
+    env.poll = False   # the host may share its cores with the learner: EnvPool's recv sleeps at once
+    return env, stepping_loop(env)
+
+
+def act_as_env_host(rendezvous, rank: int, name: str, config=None, *, seed: int = 0, threads: int | None = 1,
+                    **ignored) -> None:
+    """Rank `rank` > 0 of a torchrun launch of `name` (IMPALA) with --actor-hosts: step envs for
+    the learner at rank 0 until it stops, then end the process (`fnrl.distributed.hosts.run_host`)."""
+    from fnrl.distributed.hosts import run_host
+    from fnrl.presets import configure
+
+    config = config if config is not None else configure(name)[0]
+    run_host(rendezvous, rank, _build_env_host, (config, seed, rendezvous.world_size - 1), seed=seed,
+             threads=threads)
 
 
 def _lag_columns(lag: torch.Tensor, sampler, seen: tuple[int, int]) -> tuple[dict, tuple[int, int]]:
@@ -156,4 +206,5 @@ def _lag_columns(lag: torch.Tensor, sampler, seen: tuple[int, int]) -> tuple[dic
     nan = float("nan")
     return {"policy_lag_mean": float(lag.mean()) if lag.numel() else nan,
             "policy_lag_max": float(lag.max()) if lag.numel() else nan,
-            "inference_batch": (requests - seen[1]) / max(forwards - seen[0], 1)}, (forwards, requests)
+            "inference_batch": (requests - seen[1]) / max(forwards - seen[0], 1), **sampler.columns()}, \
+        (forwards, requests)

@@ -1,5 +1,6 @@
-"""Actor hosts over torch.distributed (`--sampler async --actor-hosts N`): the sharded replay, a
-run with two local hosts, an actor host killed mid-run, the learner killed, and learning.
+"""Hosts over torch.distributed (`--actor-hosts N`): the sharded replay, a run with two local actor
+hosts, torchrun, a host killed mid-run, the learner killed (each for DQN's actor hosts and IMPALA's
+env hosts), and learning.
 
 Every test that starts processes bounds its waits and kills what is left in its teardown.
 """
@@ -21,7 +22,8 @@ from tensordict import TensorDict
 
 from fnrl import replay
 from fnrl.algos import default_config
-from fnrl.distributed.actors import PROCESS_NAME, ActorHosts
+from fnrl.distributed.actors import ActorHosts
+from fnrl.distributed.hosts import PROCESS_NAME
 from fnrl.errors import SamplerError
 from fnrl.errors import ConfigError
 from fnrl.presets import configure
@@ -132,7 +134,7 @@ def _failing_build(*args):
 
 def test_an_actor_failing_before_the_run_starts_stops_it_at_once_with_its_error():
     hosts = ActorHosts(None, TensorDict({"params": {"w": torch.zeros(3)}}, []), _rows(0), hosts=2, total_steps=100,
-                       spawn=(_failing_build, (), "cpu", 0, 1))
+                       spawn=(_failing_build, (), 0, 1))
     with pytest.raises(SamplerError, match="failed before the run started: actor [12]: RuntimeError: no env here"):
         try:
             hosts.start()
@@ -141,19 +143,30 @@ def test_an_actor_failing_before_the_run_starts_stops_it_at_once_with_its_error(
     assert all(p.exitcode is not None for p in hosts.processes.values())
 
 
-def test_actor_hosts_need_the_async_sampler(tmp_path):
+def test_actor_hosts_need_the_async_sampler_or_impala(tmp_path):
     with pytest.raises(ConfigError, match="--actor-hosts"):
         train("dqn", _small_config(), log_dir=tmp_path, actor_hosts=2)
+    with pytest.raises(ConfigError, match="--actor-hosts"):
+        train("ppo", log_dir=tmp_path, actor_hosts=2)
+    with pytest.raises(ConfigError, match="--actor-hosts 9 needs --queue-size 9 or more"):
+        train("impala", log_dir=tmp_path, actor_hosts=9)
     with pytest.raises(ConfigError, match="--actor-hosts"):
         train("dqn", _small_config(), log_dir=tmp_path, sampler="async", actor_hosts=-1)
 
 
-def test_torchrun_makes_rank_0_the_learner_and_the_others_actor_hosts(tmp_path):
+CLI_ARGS = {
+    "dqn": ["--sampler", "async", "--learning-starts", "1000", "--replay-ratio", "0.02", "--batch-size", "32"],
+    "impala": [],
+}
+"""Each path's options for the short runs below, after `fnrl train ALGO --actor-hosts 2`."""
+
+
+@pytest.mark.parametrize("algo", CLI_ARGS)
+def test_torchrun_makes_rank_0_the_learner_and_the_others_hosts(tmp_path, algo):
     """The same command on every rank of a torchrun launch (here 3 local ranks)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "-m", "fnrl.cli",
-           "train", "dqn", "--sampler", "async", "--actor-hosts", "2", "--no-compile", "--quiet", "--log-dir",
-           str(tmp_path / "run"), "--total-steps", "4000", "--learning-starts", "1000", "--replay-ratio", "0.02",
-           "--batch-size", "32", "--eval-episodes", "1"]
+           "train", algo, "--actor-hosts", "2", "--no-compile", "--quiet", "--log-dir", str(tmp_path / "run"),
+           "--total-steps", "4000", "--eval-episodes", "1", *CLI_ARGS[algo]]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=STARTUP_S, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -162,7 +175,7 @@ def test_torchrun_makes_rank_0_the_learner_and_the_others_actor_hosts(tmp_path):
 
 
 def test_torchrun_needs_one_rank_more_than_actor_hosts(monkeypatch):
-    from fnrl.distributed.actors import torchrun_rendezvous
+    from fnrl.distributed.hosts import torchrun_rendezvous
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
@@ -175,12 +188,11 @@ def test_torchrun_needs_one_rank_more_than_actor_hosts(monkeypatch):
 
 
 # ---------------------------------------------------------------- faults
-def _start_cli(tmp_path, total_steps: int):
+def _start_cli(tmp_path, algo: str, total_steps: int):
     log = open(tmp_path / "stderr.txt", "w")
-    cmd = [sys.executable, "-m", "fnrl.cli", "train", "dqn", "--sampler", "async", "--actor-hosts", "2",
-           "--no-compile", "--quiet", "--log-dir", str(tmp_path / "run"), "--total-steps", str(total_steps),
-           "--learning-starts", "1000", "--replay-ratio", "0.02", "--batch-size", "32",
-           "--eval-episodes", "1"]
+    cmd = [sys.executable, "-m", "fnrl.cli", "train", algo, "--actor-hosts", "2", "--no-compile", "--quiet",
+           "--log-dir", str(tmp_path / "run"), "--total-steps", str(total_steps), "--eval-episodes", "1",
+           *CLI_ARGS[algo]]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                             cwd=tmp_path, start_new_session=True)
     return proc, log
@@ -214,8 +226,8 @@ def _wait_for_rows(tmp_path, proc, n: int) -> None:
 def cli_run(tmp_path):
     started = []
 
-    def start(total_steps: int):
-        proc, log = _start_cli(tmp_path, total_steps)
+    def start(algo: str, total_steps: int):
+        proc, log = _start_cli(tmp_path, algo, total_steps)
         started.append((proc, log))
         return proc
     yield start
@@ -229,8 +241,9 @@ def cli_run(tmp_path):
         log.close()
 
 
-def test_a_killed_actor_host_is_dropped_and_the_run_finishes(tmp_path, cli_run):
-    proc = cli_run(40_000)
+@pytest.mark.parametrize("algo", CLI_ARGS)
+def test_a_killed_host_is_dropped_and_the_run_finishes(tmp_path, cli_run, algo):
+    proc = cli_run(algo, 40_000)
     actors = _actors_of(proc)
     _wait_for_rows(tmp_path, proc, 1)
     os.kill(actors[0], signal.SIGKILL)
@@ -242,8 +255,9 @@ def test_a_killed_actor_host_is_dropped_and_the_run_finishes(tmp_path, cli_run):
     assert not wait_gone(actors, 30)
 
 
-def test_every_actor_host_exits_when_the_learner_is_killed(tmp_path, cli_run):
-    proc = cli_run(4_000_000)
+@pytest.mark.parametrize("algo", CLI_ARGS)
+def test_every_host_exits_when_the_learner_is_killed(tmp_path, cli_run, algo):
+    proc = cli_run(algo, 4_000_000)
     actors = _actors_of(proc)
     _wait_for_rows(tmp_path, proc, 1)
     os.kill(proc.pid, signal.SIGKILL)

@@ -249,16 +249,10 @@ def test_inference_failure_stops_everything_with_clear_error():
 
 
 def _reaches_400(cfg, tmp_path, label: str):
-    """Train IMPALA (at most 300k env steps, stopping once the last 100 episodes average 400) until
-    its final evaluation without exploration (10 episodes on separate envs) is 400 or more, allowing
-    up to four seeds.
-
-    Runs are not reproducible (the policy lag depends on timing), and a run that works can miss:
-    with the defaults, 46 of 48 runs (2 at a time on 2 cores) reached 400, median 45k steps, the
-    other 2 hovered near 220; on an AVX-512 host 2 of 6 missed (77 after 300k steps, and 393 once
-    stopped at 400). With four seeds, a working IMPALA that misses one run in three fails a test with
-    probability ~1%; a broken one fails always. `cfg` None: the CartPole-v1 preset (its entropy
-    bonus of 0.03). Returns (result, run folder)."""
+    """Train IMPALA with `cfg` (at most 300k env steps, stopping once the last 100 episodes average
+    400) until its final evaluation without exploration (10 episodes on separate envs) is 400 or
+    more, allowing up to four seeds: for settings that do not learn reliably yet (runs are not
+    reproducible, since the policy lag depends on timing). Returns (result, run folder)."""
     for seed in range(4):
         t0 = time.perf_counter()
         run = tmp_path / f"run{seed}"
@@ -277,11 +271,17 @@ def _reaches_400(cfg, tmp_path, label: str):
 
 @pytest.mark.slow
 def test_impala_learns_cartpole_with_two_actor_processes(tmp_path):
-    """IMPALA with 2 actor processes reaches >= 400 within 300k env steps; policy lag is logged."""
-    result, run = _reaches_400(None, tmp_path, "impala")
-    lags = [r["policy_lag_mean"] for r in result.history if math.isfinite(r["policy_lag_mean"])]
-    assert lags and all(lag >= 0 for lag in lags)
-    assert "policy_lag_mean" in (run / "progress.csv").read_text().splitlines()[0]
+    """IMPALA's CartPole preset with 2 actor processes, 300k env steps: the final evaluation without
+    exploration reaches 475 on each of seeds 0, 1 and 2; policy lag is logged."""
+    finals = []
+    for seed in range(3):
+        result = train("impala", seed=seed, log_dir=tmp_path / f"run{seed}", compile=False, quiet=True,
+                       tensorboard=False, plot=False)
+        finals.append(final_evaluations(result)[0])
+        lags = [r["policy_lag_mean"] for r in result.history if math.isfinite(r["policy_lag_mean"])]
+        assert lags and all(lag >= 0 for lag in lags)
+    assert "policy_lag_mean" in (tmp_path / "run0" / "progress.csv").read_text().splitlines()[0]
+    assert min(finals) >= 475, finals
 
 
 @pytest.mark.slow

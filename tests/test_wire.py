@@ -32,6 +32,7 @@ def test_layout_round_trips_through_tensors():
     other = Layout.of({**message(1, 0), "obs": torch.zeros(4, 2)})
     assert other.digest != layout.digest
     assert layout.offsets == (0, 48, 80, 88, 120, 128, 136, 136) and layout.nbytes == 136   # 8-byte aligned
+    assert layout.size == 24 + 136   # the header, then the body
     sent = message(2, 3)
     unpacked = layout.unpack(layout.pack(sent))
     assert all(torch.equal(unpacked[k], sent[k]) and unpacked[k].dtype == sent[k].dtype for k in sent)
@@ -76,7 +77,8 @@ def _rank_main(rank, store, messages_each):
         except wire.WireError as e:
             with_error = str(e)
         assert with_error is not None and "another layout" in with_error
-        dist.recv(torch.empty(16, dtype=torch.uint8), 1, tag=wire.BODY)   # its body, which the check left unread
+        _, count, _ = wire.recv(layouts[1], src=1)   # a signal: the header alone
+        assert count == -7
     else:
         layout = wire.Layout.of(message(rank, 0))
         wire.send_layout(layout, 0)
@@ -86,6 +88,7 @@ def _rank_main(rank, store, messages_each):
             dist.recv(torch.empty(1), 0)
             wrong = {"obs": torch.zeros(2, 2)}
             wire.send(wrong, wire.Layout.of(wrong), 0)
+            wire.send_signal(layout, 0, count=-7)
     dist.barrier()
     dist.destroy_process_group()
 

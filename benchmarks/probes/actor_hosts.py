@@ -60,7 +60,7 @@ def bytes_per_step() -> tuple[int, int]:
     try:
         agent = algos.load("dqn").make(config, env.spec)
         rollout = SerialSampler(env, agent.act, config.num_steps).collect(agent.init(0))
-        return wire.Layout.of(actors._message(rollout, 0, 0.0)).nbytes, rollout.numel()
+        return wire.Layout.of(actors._message(rollout, 0, 0.0)).size, rollout.numel()
     finally:
         env.close()
 

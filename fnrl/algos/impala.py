@@ -18,7 +18,8 @@ their final observation. `core="lstm"|"gru"` makes the policy recurrent: the ser
 each env's carry, and the loss re-unrolls each trajectory from its initial carry.
 
 The runtime (actor processes, inference server, bounded trajectory queue) is
-fnrl.samplers.central, wired by fnrl.train_central; this module holds only the math:
+fnrl.samplers.central, or with `--actor-hosts N` env hosts over torch.distributed
+(fnrl.distributed.env_hosts), wired by fnrl.train_central; this module holds only the math:
 
     agent = impala.make(impala.Config(), env.spec)
     state = agent.init(seed=0)

@@ -1,24 +1,29 @@
 """Tensors-only messages between processes over torch.distributed point-to-point (gloo, NCCL).
 
-The transport under actors on other hosts: a message is a flat dict {name: tensor} whose
-`Layout` (names, dtypes, shapes, in order) both ends agree on once, and on the wire it is
+The transport under hosts on other machines: a message is a flat dict {name: tensor} whose
+`Layout` (names, dtypes, shapes, in order) both ends agree on once, and on the wire it is one
+uint8 tensor of `layout.size` bytes (tag MESSAGE):
 
-    header   int64 [3], tag HEADER: MAGIC, the layout's digest, the sender's message count
-    body     uint8 [layout.nbytes], tag BODY: the fields' bytes in the layout's order, each
-             starting at a multiple of 8 bytes
+    header   int64 [3]: MAGIC, the layout's digest, the sender's message count
+    body     the fields' bytes in the layout's order, each starting at a multiple of 8 bytes
+
+One send per message: a header and a body sent apart cost gloo several times the round trip
+of one send on loopback. A signal (`send_signal`) is a header alone; a receive takes a message
+no longer than its buffer, so it reads a signal's count and leaves the fields unset.
 
 `send_layout` / `recv_layout` agree on the layout in tensors too: int64 codes for the dtypes and
 shapes and the names' UTF-8 bytes. Nothing received is ever unpickled (no object collectives, no
 `torch.load`): the receiver only writes into tensors it allocated from the layout, so a peer can
 corrupt its numbers but never run code in it. A header whose magic or digest is not the
-layout's is a `WireError` before the body is read. The received fields are views of one buffer
-per message (no copy); a message costs two sends whatever its number of fields.
+layout's is a `WireError`. (A message longer than the receiver's layout ends the receiving
+process: gloo aborts, which is why the layouts are agreed first.) The received fields are views
+of one buffer per message (no copy).
 
     layout = Layout.of({"obs": obs, "reward": reward})
     send_layout(layout, dst=0)                       # an actor, once
     send({"obs": obs, "reward": reward}, layout, dst=0)
     layout = recv_layout(src=1)                      # the learner
-    sender, message = recv(layout)                   # from whichever sender is first (gloo)
+    sender, count, message = recv(layout)            # from whichever sender is first (gloo)
 """
 from __future__ import annotations
 
@@ -32,8 +37,10 @@ import torch
 import torch.distributed as dist
 
 MAGIC = 0x666E726C   # "fnrl"
-HEADER, BODY, LAYOUT = 7001, 7002, 7003
-"""The tags of headers, bodies and layouts: a receiver from any source matches headers alone."""
+MESSAGE, LAYOUT = 7001, 7003
+"""The tags of messages and of layouts."""
+HEADER_BYTES = 3 * 8
+"""The header's bytes at the start of every message."""
 LOOPBACK = "lo"
 """The network interface gloo connects the ranks of one machine over (`GLOO_SOCKET_IFNAME`)."""
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -111,21 +118,26 @@ class Layout:
         """The body's size in bytes."""
         return self.offsets[-1]
 
+    @property
+    def size(self) -> int:
+        """A message's size on the wire in bytes: the header and the body."""
+        return HEADER_BYTES + self.nbytes
+
     def pack(self, message: dict) -> torch.Tensor:
-        """The body of `message`: uint8 [nbytes]."""
-        body, at = torch.zeros(self.nbytes, dtype=torch.uint8), self.offsets
+        """The message: uint8 [size], the fields after room for the header (written by `send_packed`)."""
+        packed, at = torch.zeros(self.size, dtype=torch.uint8), [HEADER_BYTES + o for o in self.offsets]
         for i, (name, dtype, shape) in enumerate(zip(self.names, self.dtypes, self.shapes)):
             t = message[name]
             if t.dtype != dtype or tuple(t.shape) != shape:
                 raise WireError(f"field {name!r} is {t.dtype} {list(t.shape)}, the layout says {dtype} {list(shape)}")
             n = t.numel() * dtype.itemsize
-            body[at[i]:at[i] + n] = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        return body
+            packed[at[i]:at[i] + n] = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return packed
 
-    def unpack(self, body: torch.Tensor) -> dict:
-        """The fields of a body, as views of it: {name: tensor}."""
-        at = self.offsets
-        return {name: body[at[i]:at[i] + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+    def unpack(self, packed: torch.Tensor) -> dict:
+        """The fields of a message (`pack`'s layout), as views of it: {name: tensor}."""
+        at = [HEADER_BYTES + o for o in self.offsets]
+        return {name: packed[at[i]:at[i] + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
                 for i, (name, dtype, shape) in enumerate(zip(self.names, self.dtypes, self.shapes))}
 
 
@@ -151,41 +163,35 @@ def recv_layout(src: int, group=None, max_bytes: int = 1 << 20) -> Layout:
 
 
 def send(message: dict, layout: Layout, dst: int, count: int = 0, group=None) -> None:
-    """Send `message` (the fields of `layout`, in any order) to rank `dst`: header, then body.
-    `count`: the sender's message number, which the receiver gets back in the header."""
-    send_body(layout.pack(message), layout, dst, count, group)
+    """Send `message` (the fields of `layout`, in any order) to rank `dst` in one send.
+    `count`: the sender's message number, which the receiver gets back from the header."""
+    send_packed(layout.pack(message), layout, dst, count, group)
 
 
-def send_body(body: torch.Tensor, layout: Layout, dst: int, count: int = 0, group=None) -> None:
-    """`send` of a message already packed (`layout.pack`)."""
-    dist.send(torch.tensor([MAGIC, layout.digest, count], dtype=torch.int64), dst, group=group, tag=HEADER)
-    dist.send(body, dst, group=group, tag=BODY)
+def send_packed(packed: torch.Tensor, layout: Layout, dst: int, count: int = 0, group=None) -> None:
+    """`send` of a message already packed (`layout.pack`); writes its header in place."""
+    packed[:HEADER_BYTES].view(torch.int64).copy_(torch.tensor([MAGIC, layout.digest, count]))
+    dist.send(packed, dst, group=group, tag=MESSAGE)
 
 
-def recv_header(layout: Layout, src: int | None = None, group=None) -> tuple[int, int]:
-    """Receive the header of the next message of `layout` from `src` (None: any rank, gloo):
-    (sender rank, the sender's message count); a WireError if it is not that layout's."""
-    header = torch.empty(3, dtype=torch.int64)
-    sender = dist.recv(header, src, group=group, tag=HEADER)
-    magic, digest, count = header.tolist()
-    if magic != MAGIC or digest != layout.digest:
-        raise WireError(f"rank {sender} sent a message of another layout (magic {magic:#x}, digest {digest}; "
-                        f"expected {MAGIC:#x}, {layout.digest}); both ends must agree on it with send_layout")
-    return sender, count
-
-
-def recv_body(layout: Layout, sender: int, group=None) -> dict:
-    """Receive the body that follows `sender`'s header: {name: tensor}, views of one new buffer."""
-    body = torch.empty(layout.nbytes, dtype=torch.uint8)
-    dist.recv(body, sender, group=group, tag=BODY)
-    return layout.unpack(body)
+def send_signal(layout: Layout, dst: int, count: int, group=None) -> None:
+    """A header alone: the receiver's `recv` gets `count` and fields left unset (a signal, such as a
+    stop, that both ends agree on)."""
+    dist.send(torch.tensor([MAGIC, layout.digest, count], dtype=torch.int64).view(torch.uint8), dst, group=group,
+              tag=MESSAGE)
 
 
 def recv(layout: Layout, src: int | None = None, group=None) -> tuple[int, int, dict]:
     """Receive one message of `layout` from rank `src`, or from whichever rank sends first (None;
-    gloo): (sender rank, the sender's message count, {name: tensor}, views of one new buffer)."""
-    sender, count = recv_header(layout, src, group)
-    return sender, count, recv_body(layout, sender, group)
+    gloo): (sender rank, the sender's message count, {name: tensor}, views of one new buffer).
+    A WireError if its header is not that layout's."""
+    packed = torch.empty(layout.size, dtype=torch.uint8)
+    sender = dist.recv(packed, src, group=group, tag=MESSAGE)
+    magic, digest, count = packed[:HEADER_BYTES].view(torch.int64).tolist()
+    if magic != MAGIC or digest != layout.digest:
+        raise WireError(f"rank {sender} sent a message of another layout (magic {magic:#x}, digest {digest}; "
+                        f"expected {MAGIC:#x}, {layout.digest}); both ends must agree on it with send_layout")
+    return sender, count, layout.unpack(packed)
 
 
 class Inbox:
@@ -194,23 +200,18 @@ class Inbox:
 
     A blocking receive per sender (gloo's works cannot be polled): a sender that dies ends the
     thread with `error` set (its connection closes), without holding up other senders' inboxes.
-    `partial` says whether it died between a header and its body (a half-sent message, discarded).
     """
 
     def __init__(self, layout: Layout, src: int, deliver, group=None):
         self.layout, self.src, self.deliver, self.group = layout, src, deliver, group
         self.error: str | None = None
-        self.partial = False
         self.thread = threading.Thread(target=self._run, name=f"fnrl-inbox-{src}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
             while True:
-                _, count = recv_header(self.layout, self.src, self.group)
-                self.partial = True
-                fields = recv_body(self.layout, self.src, self.group)
-                self.partial = False
+                _, count, fields = recv(self.layout, self.src, self.group)
                 self.deliver(count, fields)
         except BaseException as e:  # noqa: BLE001 - the owner reads it
             self.error = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -230,10 +231,11 @@ class Outbox:
         self.thread = threading.Thread(target=self._run, name=f"fnrl-outbox-{dst}", daemon=True)
         self.thread.start()
 
-    def put(self, body: torch.Tensor, count: int) -> None:
-        """Queue a packed message (`layout.pack`; not copied, so do not write to it afterwards)."""
+    def put(self, packed: torch.Tensor, count: int) -> None:
+        """Queue a packed message (`layout.pack`; not copied, so do not write to it afterwards, nor
+        put it in another outbox: the send writes its header in place)."""
         with self._ready:
-            self._next = (body, count)
+            self._next = (packed, count)
             self._ready.notify()
 
     def close(self, timeout: float = 1.0) -> None:
@@ -251,9 +253,9 @@ class Outbox:
                         self._ready.wait()
                     if self._closed:
                         return
-                    body, count = self._next
+                    packed, count = self._next
                     self._next = None
-                send_body(body, self.layout, self.dst, count, self.group)
+                send_packed(packed, self.layout, self.dst, count, self.group)
         except BaseException as e:  # noqa: BLE001 - the owner reads it
             self.error = f"{type(e).__name__}: {e}".splitlines()[0]
 

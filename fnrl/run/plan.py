@@ -66,7 +66,8 @@ class Plan:
     """--track: wandb or mlflow (`fnrl.run.tracking`)"""
     sampler_workers: int | None = None
     actor_hosts: int = 0
-    """--actor-hosts: actor hosts feeding the async learner over torch.distributed; 0: one sampler process"""
+    """--actor-hosts: actor hosts feeding the async learner, or env hosts of a central runtime (their
+    actors), over torch.distributed; 0: this machine's processes"""
     cuda_graphs: bool = False
     accel: AccelOptions = dataclasses.field(default_factory=AccelOptions)
     """how compiled steps run (`fnrl.accel.AccelOptions`)"""
@@ -161,6 +162,8 @@ def make_plan(world, name: str, config=None, *, seed: int = 0, log_dir=None, dev
                 runtime=runtime, sampler=sampler, rows=rows, num_seeds=num_seeds, sweep=sweep, preset=preset,
                 ckpt=ckpt, resume=resume, log_dir=log_dir, **options)
     _check(plan, world)
+    if plan.actor_hosts and runtime == "central":   # the hosts are the actors
+        plan.config = plan.run_config = dataclasses.replace(config, num_actors=plan.actor_hosts)
     plan.device = world.device(device)
     if world.size > 1:   # a rank runs its share of total_steps
         plan.config = dataclasses.replace(config, total_steps=-(-config.total_steps // world.size))
@@ -190,9 +193,13 @@ def _check(plan: Plan, world) -> None:
         raise ConfigError("data-parallel runs (--nproc / torchrun) use the serial sampler and one seed per "
                           "process; drop --sampler / --num-seeds / --sweep")
     hosts = plan.actor_hosts
-    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 0 or (hosts and sampler != "async"):
-        raise ConfigError(f"--actor-hosts N (N >= 1) runs --sampler async's actors as N hosts over torch.distributed; "
-                          f"got {hosts!r} with --sampler {sampler}")
+    hosted = sampler == "async" or (plan.runtime == "central" and sampler == "serial")
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 0 or (hosts and not hosted):
+        raise ConfigError(f"--actor-hosts N (N >= 1) runs the actors of --sampler async (off-policy) or of impala as "
+                          f"N hosts over torch.distributed; got {hosts!r} with {name} and --sampler {sampler}")
+    if hosts and plan.runtime == "central" and hosts > plan.config.queue_size:
+        raise ConfigError(f"--actor-hosts {hosts} needs --queue-size {hosts} or more (a trajectory slot per host); "
+                          f"got {plan.config.queue_size}")
     if sampler != "async":
         samplers.load(sampler)   # an unknown name: one line listing the choices
     if sampler == "graph":

@@ -52,9 +52,9 @@ from tensordict import TensorDict
 from fnrl import rng
 from fnrl.run.stop import leave_signals_to_parent
 
-_STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
+STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
               "episode_length")
-_STEP_DTYPES = {"reward": torch.float32, "terminated": torch.bool, "truncated": torch.bool, "done": torch.bool,
+STEP_DTYPES = {"reward": torch.float32, "terminated": torch.bool, "truncated": torch.bool, "done": torch.bool,
                 "valid": torch.bool, "episode_end": torch.bool, "episode_return": torch.float32,
                 "episode_length": torch.float32}
 _POLL_S = 0.2  # the longest any wait blocks before checking the stop flag / liveness
@@ -124,41 +124,35 @@ class CentralSampler:
                  env_kwargs: dict | None = None):
         self.env_id, self.num_envs, self.num_actors, self.horizon = env_id, num_envs, num_actors, horizon
         self.env_kwargs = dict(env_kwargs or {})
-        self.act, self.explore, self.seed = act, explore, seed
+        self.seed = seed
         self._seeds = rng.env_seeds(seed, num_actors * num_envs)
         self.device = torch.device(device)
         self.batch_wait_s, self.stall_timeout_s, self.start_timeout_s = batch_wait_s, stall_timeout_s, start_timeout_s
         self.num_slots = max(num_slots or 2 * num_actors, num_actors)
         forkable = "fork" in mp.get_all_start_methods() and self.device.type == "cpu"
         self.start_method = start_method or ("fork" if forkable else "spawn")
-        self._state, self._version = state, 0
-        self._lock = threading.Lock()
-        self.forwards = self.requests = self.trajectories = 0
-        self.batch_sizes: list[int] = []
+        self.inference = BatchedInference(act, state, num_actors, num_envs, obs_shape, obs_dtype, self.device, explore)
+        self.trajectories = 0
         self._error: BaseException | None = None
         self._started = False
         self._closed = False
         self._procs: list = []
         self._thread: threading.Thread | None = None
         A, B, T = num_actors, num_envs, horizon
-
-        # One probe forward gives the shapes of the action, the extras and the carry.
-        obs0 = torch.zeros((B, *obs_shape), dtype=obs_dtype, device=self.device)
-        with torch.no_grad():
-            action, extras, carry = act(state, obs0, None, explore)
-        reply = _flat_reply(action, extras, B)
-        self._recurrent = carry is not None
-        self._carries = [torch.zeros_like(carry) for _ in range(A)] if self._recurrent else None
-
+        reply = self.inference.example
         self._request = {"obs": _shared((A, B, *obs_shape), obs_dtype), "reset": _shared((A, B), torch.bool)}
         self._reply = {k: _shared((A, *v.shape), v.dtype) for k, v in reply.items()}
         self._reply["version"] = _shared((A,), torch.int64)
-        slots = {"obs": _shared((self.num_slots, T + 1, B, *obs_shape), obs_dtype)}
-        slots.update({k: _shared((self.num_slots, T, B), d) for k, d in _STEP_DTYPES.items()})
-        slots["reset"] = _shared((self.num_slots, T, B), torch.bool)
-        slots.update({k: _shared((self.num_slots, T, *v.shape), v.dtype) for k, v in reply.items()})
-        slots["version"] = _shared((self.num_slots, T, B), torch.int64)
-        self._slots = slots
+        self._slots = {k: _shared((self.num_slots, *v.shape), v.dtype)
+                       for k, v in trajectory_buffers(T, B, obs_shape, obs_dtype, reply).items()}
+
+    forwards = property(lambda self: self.inference.forwards, doc="inference forward passes so far")
+    requests = property(lambda self: self.inference.requests, doc="actor requests served so far")
+    batch_sizes = property(lambda self: self.inference.batch_sizes, doc="requests per forward (the last 10,000)")
+
+    def columns(self) -> dict:
+        """Extra columns of a log row (none: the actors are this machine's processes)."""
+        return {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -226,8 +220,7 @@ class CentralSampler:
     def set_state(self, state, version: int) -> None:
         """Serve `state` (policy version `version`) from the next forward on. `state` must
         not be written in place afterwards (fnrl updates return new tensors)."""
-        with self._lock:
-            self._state, self._version = state, version
+        self.inference.set_state(state, version)
 
     def get(self, n: int) -> TensorDict:
         """Pop `n` trajectories and return them concatenated along B: a TensorDict [T, n * num_envs].
@@ -247,14 +240,11 @@ class CentralSampler:
                 if time.monotonic() > deadline:
                     raise ActorError(f"no trajectory from the {self.num_actors} actors for {limit:.0f} s; "
                                      f"the actors or the inference server are stuck") from None
-        batch = {k: torch.cat([v[i] for i in ids], dim=1) for k, v in self._slots.items()}
+        batch = trajectory_batch([{k: v[i] for k, v in self._slots.items()} for i in ids], self.device)
         for i in ids:
             self._free.put(i)
         self.trajectories += n
-        obs_all = batch.pop("obs")
-        batch.update(obs=obs_all[:-1], next_obs=obs_all[1:])
-        T, B = self.horizon, n * self.num_envs
-        return TensorDict(batch, batch_size=[T, B]).unflatten_keys(".").to(self.device)
+        return batch
 
     def check(self) -> None:
         """Raise ActorError (one line) if the inference thread failed or an actor died."""
@@ -310,34 +300,94 @@ class CentralSampler:
                 conns[i].send_bytes(b"a")
 
     def _forward(self, ids: list[int]) -> None:
-        B, n = self.num_envs, len(ids)
         idx = torch.tensor(ids)
-        obs = self._request["obs"].index_select(0, idx).flatten(0, 1).to(self.device, non_blocking=True)
-        carry = None
-        if self._recurrent:
-            carry = torch.cat([self._carries[i] for i in ids])
-            carry["reset"] = self._request["reset"].index_select(0, idx).flatten().to(self.device)
-        with self._lock:
-            state, version = self._state, self._version
-        action, extras, carry = self.act(state, obs, carry, self.explore)
-        reply = _flat_reply(action, extras, n * B)
+        reply, version = self.inference(ids, self._request["obs"].index_select(0, idx).flatten(0, 1),
+                                        self._request["reset"].index_select(0, idx).flatten())
+        B = self.num_envs
         for j, i in enumerate(ids):
             for k, v in reply.items():
                 self._reply[k][i].copy_(v[j * B:(j + 1) * B])
             self._reply["version"][i] = version
-            if self._recurrent:
+
+
+class BatchedInference:
+    """One `act` forward over the requests of several actors of `num_envs` envs each, with the
+    newest state `set_state` gave; the recurrent carry of every actor's envs lives here.
+
+    act(state, obs [N, *obs], carry, explore) -> (action [N, ...], extras, carry): the policy.
+    `example`: one actor's reply, {name: CPU tensor [num_envs, ...]} (the action and every extra
+    of `act`, nested keys joined by '.'), from one probe forward. Counters: `forwards`,
+    `requests` (actor requests served), `batch_sizes` (requests per forward, the last 10,000).
+    """
+
+    def __init__(self, act: Callable, state, num_actors: int, num_envs: int, obs_shape: tuple,
+                 obs_dtype: torch.dtype, device: torch.device, explore: bool = True):
+        self.act, self.num_envs, self.device, self.explore = act, num_envs, device, explore
+        self._state, self._version = state, 0
+        self._lock = threading.Lock()
+        self.forwards = self.requests = 0
+        self.batch_sizes: list[int] = []
+        obs0 = torch.zeros((num_envs, *obs_shape), dtype=obs_dtype, device=device)
+        with torch.no_grad():
+            action, extras, carry = act(state, obs0, None, explore)
+        self.example = _flat_reply(action, extras, num_envs)
+        self.recurrent = carry is not None
+        self._carries = [torch.zeros_like(carry) for _ in range(num_actors)] if self.recurrent else None
+
+    def set_state(self, state, version: int) -> None:
+        """Act with `state` (policy version `version`) from the next forward on."""
+        with self._lock:
+            self._state, self._version = state, version
+
+    def __call__(self, ids: list[int], obs: torch.Tensor, reset: torch.Tensor) -> tuple[dict, int]:
+        """Act for actors `ids` (in order): obs [n * num_envs, *obs], reset [n * num_envs] (True where
+        an observation starts an episode). Returns (the reply {name: CPU tensor [n * num_envs, ...]},
+        the policy version that chose it)."""
+        B, n = self.num_envs, len(ids)
+        obs = obs.to(self.device, non_blocking=True)
+        carry = None
+        if self.recurrent:
+            carry = torch.cat([self._carries[i] for i in ids])
+            carry["reset"] = reset.to(self.device)
+        with self._lock:
+            state, version = self._state, self._version
+        with torch.no_grad():
+            action, extras, carry = self.act(state, obs, carry, self.explore)
+        if self.recurrent:
+            for j, i in enumerate(ids):
                 self._carries[i] = carry[j * B:(j + 1) * B]
         self.forwards += 1
         self.requests += n
         self.batch_sizes.append(n)
         if len(self.batch_sizes) > 10_000:
             del self.batch_sizes[:5_000]
+        return _flat_reply(action, extras, n * B), version
 
 
 def _flat_reply(action, extras, N: int) -> dict:
     """action + extras as one flat dict of CPU tensors [N, ...] (nested keys joined by '.')."""
     td = TensorDict({"action": action, **dict(extras)}, batch_size=[N])
     return {k: v.detach().cpu() for k, v in td.flatten_keys(".").items()}
+
+
+def trajectory_buffers(T: int, B: int, obs_shape: tuple, obs_dtype: torch.dtype, reply: dict) -> dict:
+    """Zeroed buffers of one [T, B] trajectory: `obs` [T + 1, B, *obs], the step fields, `reset`,
+    the reply's fields ([T, *reply's shape]) and `version` [T, B]."""
+    out = {"obs": torch.zeros((T + 1, B, *obs_shape), dtype=obs_dtype)}
+    out.update({k: torch.zeros((T, B), dtype=d) for k, d in STEP_DTYPES.items()})
+    out["reset"] = torch.zeros((T, B), dtype=torch.bool)
+    out.update({k: torch.zeros((T, *v.shape), dtype=v.dtype) for k, v in reply.items()})
+    out["version"] = torch.zeros((T, B), dtype=torch.int64)
+    return out
+
+
+def trajectory_batch(trajectories: list[dict], device) -> TensorDict:
+    """Trajectories (`trajectory_buffers`' layout) concatenated along B, `obs` split into `obs` and
+    `next_obs` (views of one [T + 1, n * B] buffer): a TensorDict [T, n * B] on `device`."""
+    batch = {k: torch.cat([t[k] for t in trajectories], dim=1) for k in trajectories[0]}
+    obs_all = batch.pop("obs")
+    batch.update(obs=obs_all[:-1], next_obs=obs_all[1:])
+    return TensorDict(batch, batch_size=obs_all[1:].shape[:2]).unflatten_keys(".").to(device)
 
 
 # ---------------------------------------------------------------------- actor process
@@ -405,7 +455,7 @@ def _actor_loop(index, env_id, env_kwargs, num_envs, seeds, horizon, request, re
                 out["version"][t] = reply["version"][index]
                 out["reset"][t] = reset
                 step = env.step(my_reply["action"])
-                for k in _STEP_KEYS:
+                for k in STEP_KEYS:
                     out[k][t] = step[k]
                 obs = step["obs"]
                 out["obs"][t + 1] = obs
