@@ -89,6 +89,7 @@ def test_two_env_hosts_feed_the_learner(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix   # three processes on the two cores for about 70 s a seed: CI's time goes to the other tests
 def test_impala_learns_cartpole_from_two_env_hosts(tmp_path):
     """IMPALA's CartPole preset with its actors as two env hosts over loopback, 300k env steps: the
     final evaluation without exploration reaches 475 on each of seeds 0, 1 and 2."""

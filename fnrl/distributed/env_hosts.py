@@ -41,7 +41,8 @@ from tensordict import TensorDict
 
 from fnrl.distributed import wire
 from fnrl.distributed.hosts import POLL_S, HostGroup, LearnerGone, LearnerLink, Rendezvous
-from fnrl.samplers.central import STEP_DTYPES, ActorError, BatchedInference, trajectory_batch, trajectory_buffers
+from fnrl.samplers.central import (STEP_DTYPES, ActorError, BatchedInference, pop, trajectory_batch,
+                                   trajectory_buffers)
 
 __all__ = ["EnvHosts", "STOP", "stepping_loop"]
 
@@ -181,18 +182,8 @@ class EnvHosts:
         """Pop `n` trajectories: a TensorDict [T, n * num_envs] (`CentralSampler.get`'s fields).
         Raises ActorError if the inference thread failed, every host is gone, or nothing arrived for
         `stall_timeout_s` (the first one gets the rendezvous timeout)."""
-        out = []
         limit = self.group.rendezvous.timeout_s if self.trajectories == 0 else self.stall_timeout_s
-        deadline = time.monotonic() + limit
-        while len(out) < n:
-            self.check()
-            try:
-                out.append(self._full.get(timeout=0.2))
-                deadline = time.monotonic() + self.stall_timeout_s
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise ActorError(f"no trajectory from the {len(self.group.live)} env hosts for {limit:.0f} s; "
-                                     f"the hosts or the inference thread are stuck") from None
+        out = pop(self._full, n, self.check, limit, self.stall_timeout_s, f"the {len(self.group.live)} env hosts")
         self.trajectories += n
         return trajectory_batch(out, self.device)
 

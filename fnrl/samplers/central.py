@@ -51,12 +51,12 @@ from tensordict import TensorDict
 
 from fnrl import rng
 from fnrl.run.stop import leave_signals_to_parent
+from fnrl.samplers.lane import STEP_KEYS
 
-STEP_KEYS = ("reward", "terminated", "truncated", "done", "valid", "episode_end", "episode_return",
-              "episode_length")
 STEP_DTYPES = {"reward": torch.float32, "terminated": torch.bool, "truncated": torch.bool, "done": torch.bool,
-                "valid": torch.bool, "episode_end": torch.bool, "episode_return": torch.float32,
-                "episode_length": torch.float32}
+               "valid": torch.bool, "episode_end": torch.bool, "episode_return": torch.float32,
+               "episode_length": torch.float32}
+"""The fields of an env step in a trajectory (`fnrl.samplers.lane.STEP_KEYS`), with their dtypes."""
 _POLL_S = 0.2  # the longest any wait blocks before checking the stop flag / liveness
 
 
@@ -228,18 +228,8 @@ class CentralSampler:
         Raises ActorError if an actor or the inference thread died, or nothing arrived
         for `stall_timeout_s` (the first one gets `start_timeout_s`, to cover process start).
         """
-        ids = []
         limit = self.start_timeout_s if self.trajectories == 0 else self.stall_timeout_s
-        deadline = time.monotonic() + limit
-        while len(ids) < n:
-            self.check()
-            try:
-                ids.append(self._full.get(timeout=_POLL_S))
-                deadline = time.monotonic() + self.stall_timeout_s
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise ActorError(f"no trajectory from the {self.num_actors} actors for {limit:.0f} s; "
-                                     f"the actors or the inference server are stuck") from None
+        ids = pop(self._full, n, self.check, limit, self.stall_timeout_s, f"the {self.num_actors} actors")
         batch = trajectory_batch([{k: v[i] for k, v in self._slots.items()} for i in ids], self.device)
         for i in ids:
             self._free.put(i)
@@ -368,6 +358,23 @@ def _flat_reply(action, extras, N: int) -> dict:
     """action + extras as one flat dict of CPU tensors [N, ...] (nested keys joined by '.')."""
     td = TensorDict({"action": action, **dict(extras)}, batch_size=[N])
     return {k: v.detach().cpu() for k, v in td.flatten_keys(".").items()}
+
+
+def pop(full: queue.Queue, n: int, check: Callable, limit: float, stall_timeout_s: float, who: str) -> list:
+    """`n` items from `full`, calling `check()` (which raises on a failure) between tries; an
+    ActorError (one line naming `who`) when nothing arrives for `limit` s, or for
+    `stall_timeout_s` after an arrival."""
+    out, deadline = [], time.monotonic() + limit
+    while len(out) < n:
+        check()
+        try:
+            out.append(full.get(timeout=_POLL_S))
+            deadline = time.monotonic() + stall_timeout_s
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise ActorError(f"no trajectory from {who} for {limit:.0f} s; they or the inference thread are "
+                                 f"stuck") from None
+    return out
 
 
 def trajectory_buffers(T: int, B: int, obs_shape: tuple, obs_dtype: torch.dtype, reply: dict) -> dict:
