@@ -42,7 +42,7 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
         rank (num_envs, batch_size, buffer_size, learning_starts).
     env_threads: EnvPool threads of every env of the run, in every process (default:
         `fnrl.envs.envpool_threads`: 1 for classic-control tasks, one per core otherwise).
-    Other keywords: see `run`.
+    Other keywords: see `plan_run`.
     """
     if env_threads is not None:
         if env_threads < 0:
@@ -66,6 +66,7 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
                               "cannot read the checkpoint's config); start a new run")
         rendezvous, rank = torchrun_rendezvous(kwargs["actor_hosts"])
         if rank > 0:
+            plan_run(World(), name, config, **kwargs)   # the learner's ConfigError here too, before any wait
             if algos.load(name).SPEC.runtime == "central" and kwargs.get("sampler") in (None, "serial"):
                 from fnrl.train_central import act_as_env_host as act_as_host
             else:
@@ -79,7 +80,25 @@ def train(name: str, config=None, *, nproc: int | None = None, env_threads: int 
         world.close()
 
 
-def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu",
+def run(world, name: str, config=None, **options) -> TrainResult:
+    """One process (of `world`, a fnrl.distributed World) of `train`: the plan (`plan_run`), then its loop."""
+    apply_workarounds()
+    plan = plan_run(world, name, config, **options)
+    if plan.threads is not None:
+        torch.set_num_threads(plan.threads)
+    rng.seed_everything(plan.seed, world.rank)
+    if plan.runtime == "async":
+        from fnrl.train_async import train_async
+
+        return train_async(plan)
+    if plan.runtime == "central":   # actor processes + central inference (IMPALA)
+        from fnrl.train_central import train_central
+
+        return train_central(plan)
+    return train_serial(plan, world)
+
+
+def plan_run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: str = "cpu",
         compile: bool | str = True,
         quiet: bool = False, resume=None, log_interval: int | None = None, checkpoint_every: int | None = None,
         threads: int | None = 1, update_threads: int | None = None, tensorboard: bool = True,
@@ -87,8 +106,8 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         eval_episodes: int = 10, capture_video: bool = False, track: str | None = None,
         sampler: str | None = None, sampler_workers: int | None = None, num_seeds: int = 1, sweep: dict | None = None,
         cuda_graphs: bool = False, preset: str | None = None, actor_hosts: int = 0,
-        accel: AccelOptions | None = None, changes: dict | None = None, callbacks=None) -> TrainResult:
-    """One process (of `world`, a fnrl.distributed World) of `train`: the plan, then its loop.
+        accel: AccelOptions | None = None, changes: dict | None = None, callbacks=None):
+    """The checked plan (`fnrl.run.plan.Plan`) of one process of `train`; raises ConfigError before any work.
 
     compile: True compiles the update and acting before the first step; False runs them eagerly;
         "tiered" (the command line's default) trains on the eager steps at once while a builder
@@ -150,8 +169,7 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
         `$FNRL_AHEAD_OF_TIME`, `$FNRL_SKIP_GUARDS` or `$FNRL_FUSED_LEARNER` is 0. They change
         how steps run, not what they compute.
     """
-    apply_workarounds()
-    plan = make_plan(world, name, config, seed=seed, log_dir=log_dir, device=device, compile=compile, quiet=quiet,
+    return make_plan(world, name, config, seed=seed, log_dir=log_dir, device=device, compile=compile, quiet=quiet,
                      resume=resume, log_interval=log_interval, checkpoint_every=checkpoint_every, threads=threads,
                      update_threads=update_threads, tensorboard=tensorboard, plot=plot, stop_return=stop_return,
                      eval_interval=eval_interval, eval_episodes=eval_episodes, capture_video=capture_video, track=track,
@@ -159,15 +177,3 @@ def run(world, name: str, config=None, *, seed: int = 0, log_dir=None, device: s
                      sampler_workers=sampler_workers, actor_hosts=actor_hosts, num_seeds=num_seeds, sweep=sweep,
                      cuda_graphs=cuda_graphs,
                      preset=preset, accel=accel, changes=changes, callbacks=callbacks or [])
-    if threads is not None:
-        torch.set_num_threads(threads)
-    rng.seed_everything(plan.seed, world.rank)
-    if plan.runtime == "async":
-        from fnrl.train_async import train_async
-
-        return train_async(plan)
-    if plan.runtime == "central":   # actor processes + central inference (IMPALA)
-        from fnrl.train_central import train_central
-
-        return train_central(plan)
-    return train_serial(plan, world)

@@ -74,13 +74,23 @@ def _build_actor(name: str, config, seed: int, index: int = 0):
     return env, agent.act, agent.init(seed)
 
 
+def _actor_priorities(module, config) -> bool:
+    """Whether actor hosts compute initial priorities (Ape-X): prioritized replay and a module that
+    defines `initial_priorities(config, env_spec)` (the DQN family)."""
+    return bool(getattr(config, "prioritized", False)) and hasattr(module, "initial_priorities")
+
+
 def _build_actor_host(name: str, config, seed: int, throttle: Throttle, device: str, index: int):
     """Run on actor host `index` (`fnrl.distributed.hosts.host_main`): `_build_actor`'s env, and the
-    loop acting with its policy under the run's throttle (`fnrl.distributed.actors.acting_loop`)."""
-    from fnrl.distributed.actors import acting_loop
+    loop acting with its policy under the run's throttle (`fnrl.distributed.actors.acting_loop`),
+    scoring its rollouts' initial priorities where `_actor_priorities` says so."""
+    from fnrl.distributed.actors import WindowPriorities, acting_loop
 
     env, act, state = _build_actor(name, config, seed, index)
-    return env, acting_loop(env, act, state, throttle, config.num_steps, device)
+    module = algos.load(name)
+    priorities = WindowPriorities(module.initial_priorities(config, env.spec), config.n_step) \
+        if _actor_priorities(module, config) else None
+    return env, acting_loop(env, act, state, throttle, config.num_steps, device, priorities)
 
 
 def train_async(plan, *, sampler_device: str = "cpu", max_lead_collects: int | None = 4,
@@ -246,6 +256,7 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
             replay, state.select(*act_keys), example.expand(config.num_steps, config.num_envs),
             hosts=plan.actor_hosts, total_steps=config.total_steps, start_env_steps=counters["env_steps"],
             rendezvous=torchrun and torchrun[0], version=counters["updates"],
+            priorities=_actor_priorities(module, config),
             spawn=None if torchrun else (_build_actor_host, (name, config, seed, throttle, sampler_device), seed,
                                          plan.threads))
     else:

@@ -22,8 +22,10 @@ from tensordict import TensorDict
 
 from fnrl import replay
 from fnrl.algos import default_config
-from fnrl.distributed.actors import ActorHosts
+from fnrl.algos import dqn
+from fnrl.distributed.actors import ActorHosts, WindowPriorities
 from fnrl.distributed.hosts import PROCESS_NAME
+from fnrl.envs.spec import EnvSpec
 from fnrl.errors import SamplerError
 from fnrl.errors import ConfigError
 from fnrl.presets import configure
@@ -108,6 +110,37 @@ def test_priorities_go_back_to_the_shard_that_drew_the_row():
         assert torch.allclose(leaves.float(), torch.tensor(5.0 + 1e-6) ** 0.6)
 
 
+def test_actor_side_priorities_are_the_learners_td_errors_of_the_same_rows():
+    """Ape-X: rollouts added with `WindowPriorities` over `dqn.initial_priorities` leave every
+    sampleable row with the priority that the learner's loss gives the row when it samples it
+    (the same parameters as online and target), across episode ends, truncations, rollouts
+    shorter than n and the first rollout."""
+    from tests.test_replay import RandomEpisodes
+
+    B, n = 3, 3
+    config = dataclasses.replace(default_config("dqn"), n_step=n, gamma=0.9, prioritized=True, double_q=True,
+                                 hidden=(8,))
+    spec = EnvSpec("Toy-v0", B, (3,), torch.float32, (), torch.int64, num_actions=2)
+    params = dqn.make(config, spec).init(0)["params"]
+    window = WindowPriorities(dqn.initial_priorities(config, spec), n)
+    episodes, g = RandomEpisodes(B, p_terminate=0.15, p_truncate=0.1, seed=3), torch.Generator().manual_seed(0)
+    shared = None
+    for T in (5, 2, 5, 1, 4, 2):
+        rollout = episodes.rollout(T).exclude("time")
+        rollout["action"] = torch.randint(0, 2, (T, B), generator=g)
+        if shared is None:
+            shared = SharedReplay(replay.init(rollout, 64 * B, n_step=n, gamma=0.9, prioritized=True),
+                                  threading.RLock())
+        shared.add(rollout, window(params, rollout))
+    buffer = shared.snapshot()
+    batch = replay.sample(buffer, 32, generator=torch.Generator().manual_seed(1))
+    td_abs = dqn.functions(config, spec).loss(params, params, batch)[1]["td_abs"]
+    position, env = batch["index"] // B, batch["index"] % B
+    stored = buffer.rows["priority"][position, env]
+    torch.testing.assert_close(stored, (td_abs + buffer.spec.priority_eps) ** buffer.spec.alpha)
+    assert len(batch["index"].unique()) > 10
+
+
 # ---------------------------------------------------------------- a run with two local hosts
 def _small_config():
     return dataclasses.replace(default_config("dqn"), total_steps=2_560, learning_starts=640, batch_size=32,
@@ -115,8 +148,9 @@ def _small_config():
 
 
 def test_two_actor_hosts_feed_the_learner(tmp_path):
-    """Both hosts deliver, the learner makes the serial loop's update count, the rows log the hosts."""
-    config = _small_config()
+    """Both hosts deliver (with initial priorities for the prioritized replay), the learner makes the
+    serial loop's update count, the rows log the hosts."""
+    config = dataclasses.replace(_small_config(), prioritized=True)
     result = train("dqn", config, seed=0, log_dir=tmp_path / "run", compile=False, quiet=True, log_interval=640,
                    tensorboard=False, plot=False, sampler="async", actor_hosts=2, eval_episodes=2)
     last = result.history[-1]
@@ -185,6 +219,17 @@ def test_torchrun_needs_one_rank_more_than_actor_hosts(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     rendezvous, rank = torchrun_rendezvous(3)
     assert (rendezvous.host, rendezvous.port, rendezvous.world_size, rank) == ("127.0.0.1", 29501, 4, 1)
+
+
+def test_a_host_rank_refuses_a_bad_run_with_the_learners_config_error(monkeypatch):
+    """Under torchrun every rank checks the run before it waits for the others: a host rank of an
+    on-policy `--sampler async` run raises the learner's one-line ConfigError at once."""
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ConfigError, match="--sampler async runs off-policy algorithms"):
+        train("impala", sampler="async", actor_hosts=2)
 
 
 # ---------------------------------------------------------------- faults

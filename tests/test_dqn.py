@@ -145,6 +145,22 @@ def test_iqn_network_shapes():
     assert out.shape == (5, A, 9)
 
 
+def test_iqn_q_values_at_midpoint_fractions():
+    """IQN's Q for choosing actions: the mean over the K midpoints (k + 1/2) / K by default, so the
+    greedy policy is deterministic; "sampled" draws K fresh fractions at every call."""
+    cfg = config("iqn", num_quantile_samples=4)
+    fns = dqn.functions(cfg, SPEC)
+    params = dqn.make(cfg, SPEC).init(0)["params"]
+    obs = torch.randn(5, OBS)
+    taus = torch.tensor([0.125, 0.375, 0.625, 0.875]).expand(5, 4)
+    torch.testing.assert_close(fns.q_values(params, obs), fns.outputs(params, obs, taus).mean(-1))
+    torch.testing.assert_close(fns.q_values(params, obs), fns.q_values(params, obs))
+    sampled = dqn.functions(dataclasses.replace(cfg, act_fractions="sampled"), SPEC)
+    assert not torch.equal(sampled.q_values(params, obs), sampled.q_values(params, obs))
+    with pytest.raises(ConfigError, match="act-fractions"):
+        dqn.validate(dataclasses.replace(cfg, act_fractions="random"))
+
+
 # ---------------------------------------------------------------------------
 # losses against plain-loop references (float64)
 # ---------------------------------------------------------------------------

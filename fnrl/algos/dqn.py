@@ -40,6 +40,7 @@ from fnrl.errors import ConfigError
 from fnrl.nets import call, parameters
 from fnrl.nets.core import check_conv
 from fnrl.nets.q import QNetwork
+from fnrl.returns import n_step_returns
 
 SWEEPABLE = ("learning_rate", "gamma")
 """Config fields `fnrl train dqn --sweep FIELD=v1,v2` may vary across the rows of one vmapped run:
@@ -123,7 +124,10 @@ class Config:
     num_tau_prime_samples: int = 64
     """iqn: fractions tau' sampled for the target distribution (N')"""
     num_quantile_samples: int = 32
-    """iqn: fractions sampled to estimate Q when choosing actions (K)"""
+    """iqn: fractions of the estimate of Q that chooses actions (K)"""
+    act_fractions: str = "midpoints"
+    """iqn: those K fractions: midpoints ((k + 1/2) / K, so the greedy policy is deterministic) or sampled
+    (tau ~ U(0, 1) at every call, the paper's)"""
     cosine_dim: int = 64
     """iqn: cosine features of tau"""
     eps_init: float = 1.0
@@ -155,7 +159,8 @@ VARIANTS: dict[str, dict] = {
 }
 """Command-line name -> the head and its settings (`fnrl.algos.default_config`). Per-env tuning lives in
 the presets (`fnrl/presets/VARIANT.toml`; Atari: experiments/dqn_atari.py). IQN uses 16 fractions per
-side and a 128-128 torso: the paper's 64 fractions cost 8x the compute on CartPole."""
+side and a 128-128 torso: the paper's 64 fractions cost 8x the compute on CartPole. It chooses actions on
+K = 8 midpoint fractions (`act_fractions`), so its greedy policy is deterministic."""
 
 _NAMES = {"q": "dqn", "categorical": "c51", "quantile": "qrdqn", "iqn": "iqn"}
 
@@ -168,6 +173,8 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
                    "cosine_dim")
     if config.head not in HEADS:
         raise ConfigError(f"--head must be one of {', '.join(HEADS)}, got {config.head!r}")
+    if config.act_fractions not in ("midpoints", "sampled"):
+        raise ConfigError(f"--act-fractions must be midpoints or sampled, got {config.act_fractions!r}")
     if config.optimizer not in ("adam", "rmsprop"):
         raise ConfigError(f"--optimizer must be adam or rmsprop, got {config.optimizer!r}")
     if config.activation not in ("relu", "tanh"):
@@ -248,7 +255,7 @@ class Functions(NamedTuple):
 
     net: the QNetwork. outputs(params, obs, taus=None) -> [*, A, K] (IQN: taus [*, M] ->
     [*, A, M]). q_values(params, obs) -> [*, A] (IQN: the mean over num_quantile_samples
-    sampled fractions). loss(params, target_params, batch) -> (scalar loss, metrics) with
+    fractions, `act_fractions`). loss(params, target_params, batch) -> (scalar loss, metrics) with
     `metrics["td_abs"]` [N], the priority signal: |TD| ("q"), KL(target || prediction)
     ("categorical"), mean |quantile TD| ("quantile", "iqn").
     """
@@ -283,9 +290,16 @@ def functions(config: Config, spec: EnvSpec, network=None) -> Functions:
             return (torch.softmax(out, dim=-1) * support(out)).sum(-1)
         return out.mean(-1)
 
+    def act_taus(obs):
+        """The K fractions of IQN's Q estimate, [*, K]: midpoints (a midpoint-rule quadrature of
+        Q = integral of the quantile function over tau in (0, 1)) or fresh samples."""
+        if config.act_fractions == "sampled":
+            return sample_taus(obs, config.num_quantile_samples)
+        mid = losses.quantile_midpoints(config.num_quantile_samples, torch.float32, obs.device)
+        return mid.expand(*obs.shape[:obs.ndim - len(spec.obs_shape)], -1)
+
     def q_values(params, obs):
-        taus = sample_taus(obs, config.num_quantile_samples) if head == "iqn" else None
-        return mean_q(outputs(params, obs, taus))
+        return mean_q(outputs(params, obs, act_taus(obs) if head == "iqn" else None))
 
     def loss(params, target_params, batch):
         obs, action, next_obs = batch["obs"], batch["action"], batch["next_obs"]
@@ -324,6 +338,36 @@ def functions(config: Config, spec: EnvSpec, network=None) -> Functions:
         return total, {"q_mean": q_taken.mean(), "td_abs": td_abs.detach()}
 
     return Functions(net, outputs, q_values, loss)
+
+
+def initial_priorities(config: Config, spec: EnvSpec, network=None) -> Callable:
+    """Ape-X's actor-side priorities (Horgan et al. 2018, arXiv:1803.00933): the TD signal of
+    `functions(...).loss` for the n-step transitions of a window of stored rows, with the acting
+    parameters as both online and target network.
+
+    Returns `priorities(params, window) -> td_abs [T, B]`: window is a TensorDict [n + T, B] of
+    the replay's stored keys (obs, action, reward, terminated, done; n = config.n_step) and row t
+    of the result is the transition of window row t, built as `fnrl.replay.sample` builds it
+    (its n-step return over rows t .. t + m - 1 and the bootstrap observation obs[t + m]), so
+    rows t < T are exactly those whose windows the buffer completes when the window's last T
+    rows are added.
+    """
+    fns, n, gamma = functions(config, spec, network), config.n_step, config.gamma
+
+    def priorities(params, window: TensorDict) -> torch.Tensor:
+        T, B = window.batch_size[0] - n, window.batch_size[1]
+        reward = window["reward"]
+        discount = gamma * (~window["terminated"]).to(reward.dtype)
+        returns, bootstrap_discount, offset = n_step_returns(reward, discount, window["done"], n)
+        row = torch.arange(T, device=reward.device).unsqueeze(1) + offset[:T]
+        batch = TensorDict({"obs": window["obs"][:T], "action": window["action"][:T], "reward": returns[:T],
+                            "discount": bootstrap_discount[:T],
+                            "next_obs": window["obs"][row, torch.arange(B, device=row.device)],
+                            "weight": torch.ones(T, B, dtype=reward.dtype, device=reward.device)},
+                           batch_size=[T, B]).reshape(T * B)
+        return fns.loss(params, params, batch)[1]["td_abs"].reshape(T, B)
+
+    return priorities
 
 
 def planned_updates(config: Config) -> int:

@@ -12,7 +12,8 @@
 Horgan et al. 2018, "Distributed Prioritized Experience Replay". Each actor host steps its own
 envs with a CPU copy of the acting parameters (env seeds `fnrl.rng.env_seeds(seed, B, rank=k - 1)`)
 and sends every rollout to the learner as one `fnrl.distributed.wire` message (the rollout's
-fields but next_obs, the parameter version it acted with and its seconds spent waiting):
+fields but next_obs, the parameter version it acted with, its seconds spent waiting and, with
+prioritized replay, the initial priorities of the rows it completes, `WindowPriorities`):
 tensors only, nothing is unpickled. The learner samples its replay without waiting for any
 actor. Every actor evaluates the one-machine async sampler's `Throttle` on the learner's
 update count and the env steps it has received, so the updates per env step are the serial
@@ -37,18 +38,43 @@ from tensordict import TensorDict
 from fnrl.distributed import wire
 from fnrl.distributed.hosts import POLL_S, HostGroup, LearnerGone, LearnerLink, Rendezvous
 
-__all__ = ["ActorHosts", "acting_loop"]
+__all__ = ["ActorHosts", "WindowPriorities", "acting_loop"]
 
 SEP = "."
 
 
-def _message(rollout: TensorDict, version: int, wait_s: float) -> dict:
+def _message(rollout: TensorDict, version: int, wait_s: float, priority: torch.Tensor | None = None) -> dict:
     """A rollout's message: its fields but next_obs (the replay takes it from the next row), the
-    parameter version it was collected with and the actor's seconds spent waiting so far."""
+    parameter version it was collected with, the actor's seconds spent waiting so far and, with
+    actor-side priorities, the TD errors [T, B] of the rows this rollout completes."""
     fields = dict(rollout.exclude("next_obs").flatten_keys(SEP).items())
     fields["version"] = torch.tensor(version, dtype=torch.int64)
     fields["wait_s"] = torch.tensor(wait_s, dtype=torch.float64)
+    if priority is not None:
+        fields["priority"] = priority.to(torch.float32)
     return fields
+
+
+class WindowPriorities:
+    """An actor's initial priorities, Ape-X style: each rollout [T, B] completes the n-step
+    windows of the buffer rows W - n .. W + T - 1 - n (W: rows its shard held before), so the
+    actor keeps its last n stored rows and scores the window [n + T, B] with
+    `priorities(params, window)` (`fnrl.algos.dqn.initial_priorities`). Before the first rollout
+    the n rows are padding that ends episodes (done), so no real row's window reaches into it."""
+
+    KEYS = ("obs", "action", "reward", "terminated", "done")
+
+    def __init__(self, priorities, n_step: int):
+        self.priorities, self.n, self.tail = priorities, n_step, None
+
+    def __call__(self, params, rollout: TensorDict) -> torch.Tensor:
+        rows = rollout.select(*self.KEYS)
+        if self.tail is None:
+            self.tail = rows[:1].expand(self.n, *rows.batch_size[1:]).clone()
+            self.tail["done"].fill_(True)
+        window = torch.cat([self.tail, rows], 0)
+        self.tail = window[-self.n:].clone()
+        return self.priorities(params, window)
 
 
 def _flat(td: TensorDict) -> dict:
@@ -60,8 +86,10 @@ class ActorHosts:
     (`start`, `read`, `returns_since`, `check`, `notify`, `wait_for_data`, `stop`) and
     `publish(params, version)` in place of its `SharedParams`.
 
-    replay: an object with `add(rollout, shard)` that locks itself (a `fnrl.replay.sharded.ShardedReplay`):
-      actor k's [T, B] rollouts go to shard k - 1, so no two actors' rows interleave.
+    replay: an object with `add(rollout, shard, priority=None)` that locks itself (a
+      `fnrl.replay.sharded.ShardedReplay`): actor k's [T, B] rollouts go to shard k - 1, so no two
+      actors' rows interleave. priorities: the actors send initial priorities (`WindowPriorities`)
+      and the replay takes them in place of its largest priority.
     params: the acting TensorDict (its layout is agreed with every actor); version: its update
       count, the first copy the actors get. example: a [T, B] rollout of one actor (its layout is
       the rollout message's). total_steps: env steps to receive (the actors stop then);
@@ -72,12 +100,14 @@ class ActorHosts:
 
     def __init__(self, replay, params: TensorDict, example: TensorDict, *, hosts: int,
                  total_steps: int, start_env_steps: int = 0, rendezvous: Rendezvous | None = None,
-                 spawn: tuple | None = None, actor_timeout: float = 60.0, version: int = 0):
+                 spawn: tuple | None = None, actor_timeout: float = 60.0, version: int = 0,
+                 priorities: bool = False):
         self.replay, self.total_steps, self.hosts = replay, total_steps, hosts
         self.group = HostGroup(hosts, rendezvous, spawn, actor_timeout)
         self.params, self.version = params, version
         self.params_layout = wire.Layout.of(_flat(params.detach().cpu()))
-        self.layout = wire.Layout.of(_message(example, 0, 0.0))
+        priority = torch.zeros(example.batch_size) if priorities else None
+        self.layout = wire.Layout.of(_message(example, 0, 0.0, priority))
         self.batch_size = example.batch_size
         self.discarded, self.env_steps, self.episodes = 0, start_env_steps, 0
         self.returns: collections.deque = collections.deque(maxlen=4096)
@@ -161,6 +191,7 @@ class ActorHosts:
     def _add(self, k: int, count: int, fields: dict) -> None:
         """An inbox's delivery (on its thread): the rollout into actor k's shard, the counters."""
         version, wait_s = int(fields.pop("version")), float(fields.pop("wait_s"))
+        priority = fields.pop("priority", None)
         rollout = TensorDict(fields, batch_size=self.batch_size).unflatten_keys(SEP)
         returns = rollout["episode_return"][rollout["episode_end"]].tolist()
         with self.lock:   # one delivery at a time: none lands after the last one counted
@@ -169,7 +200,7 @@ class ActorHosts:
             if k not in self.group.live:   # from an actor dropped for silence that still runs
                 self.discarded += 1
                 return
-            self.replay.add(rollout, k - 1)
+            self.replay.add(rollout, k - 1, priority)
             self.env_steps += rollout.numel()
             self.episodes += len(returns)
             self.returns.extend(returns)
@@ -191,15 +222,15 @@ class ActorHosts:
 
 
 # ---- the actor's side ------------------------------------------------------------------------------
-def acting_loop(env, act, state, throttle, horizon: int, device: str = "cpu"):
+def acting_loop(env, act, state, throttle, horizon: int, device: str = "cpu", priorities=None):
     """An actor host's loop (`fnrl.distributed.hosts.host_main`'s `loop`): collect [T, B] rollouts
     from `env` with `act` and the newest parameters, send each to rank 0; returns when the learner
-    says stop."""
+    says stop. priorities: a `WindowPriorities` to send initial priorities with every rollout."""
     return functools.partial(_act, env=env, act=act, state=state, throttle=throttle, horizon=horizon,
-                             device=torch.device(device))
+                             device=torch.device(device), priorities=priorities)
 
 
-def _act(link: LearnerLink, *, env, act, state, throttle, horizon: int, device) -> None:
+def _act(link: LearnerLink, *, env, act, state, throttle, horizon: int, device, priorities=None) -> None:
     from fnrl.samplers.serial import SerialSampler
 
     params_layout = wire.recv_layout(0)
@@ -233,7 +264,9 @@ def _act(link: LearnerLink, *, env, act, state, throttle, horizon: int, device) 
                 for n, v in newest[1].items():
                     acting[n].copy_(v)
             state["env_steps"].fill_(steps)
-            message = _message(sampler.collect(state), version, waited)
+            rollout = sampler.collect(state)
+            message = _message(rollout, version, waited,
+                               None if priorities is None else priorities(state["params"], rollout))
             if layout is None:
                 layout = wire.Layout.of(message)
                 wire.send_layout(layout, 0)

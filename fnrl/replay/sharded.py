@@ -61,9 +61,9 @@ class ShardedReplay:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.shards)
 
-    def add(self, rollout: TensorDict, shard: int) -> None:
-        """Write writer `shard`'s rollout [T, B] into its shard."""
-        self.shards[shard].add(rollout)
+    def add(self, rollout: TensorDict, shard: int, priority: torch.Tensor | None = None) -> None:
+        """Write writer `shard`'s rollout [T, B] into its shard (priority: `SharedReplay.add`'s)."""
+        self.shards[shard].add(rollout, priority)
 
     def sample(self, batch_size: int, beta: float | torch.Tensor = 0.4, *,
                generator: torch.Generator | None = None) -> TensorDict | None:

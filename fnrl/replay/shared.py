@@ -75,11 +75,28 @@ class SharedReplay:
     def _current(self) -> ReplayBuffer:
         return dataclasses.replace(self._buffer, steps_written=int(self._steps_written))
 
-    def add(self, rollout: TensorDict) -> None:
-        """Write a rollout [T, B] (see `fnrl.replay.add`); rows, flags, tree and W change together."""
+    def add(self, rollout: TensorDict, priority: torch.Tensor | None = None) -> None:
+        """Write a rollout [T, B] (see `fnrl.replay.add`); rows, flags, tree and W change together.
+
+        priority: TD errors [T, B] computed by the writer (Ape-X's actors,
+        `fnrl.algos.dqn.initial_priorities`) for the rows W - n .. W + T - 1 - n, W the rows
+        written per env before this rollout: the rows whose n-step windows it completes. They
+        replace `max_priority` in the same locked step (rows before the first are skipped)."""
         with self.lock:
-            written = replay.add(self._current(), rollout)
+            current = self._current()
+            written = replay.add(current, rollout)
+            if priority is not None:
+                self._set_written_priorities(current.steps_written, priority)
             self._steps_written.fill_(written.steps_written)
+
+    def _set_written_priorities(self, before: int, priority: torch.Tensor) -> None:
+        spec = self.spec
+        T, B = priority.shape
+        row = torch.arange(before - spec.n_step, before - spec.n_step + T)
+        keep = row >= 0
+        position = (row[keep] % spec.rows_per_env).unsqueeze(1)
+        index = (position * B + torch.arange(B)).flatten()
+        replay.update_priorities(self._buffer, index, priority[keep].flatten())
 
     def sample(self, batch_size: int, beta: float | torch.Tensor = 0.4, *,
                generator: torch.Generator | None = None) -> TensorDict | None:

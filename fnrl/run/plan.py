@@ -192,6 +192,10 @@ def _check(plan: Plan, world) -> None:
     if world.size > 1 and (rows or sampler != "serial"):
         raise ConfigError("data-parallel runs (--nproc / torchrun) use the serial sampler and one seed per "
                           "process; drop --sampler / --num-seeds / --sweep")
+    if sampler == "async":
+        from fnrl.train_async import check_async
+
+        check_async(name, plan.module, plan.config)
     hosts = plan.actor_hosts
     hosted = sampler == "async" or (plan.runtime == "central" and sampler == "serial")
     if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 0 or (hosts and not hosted):
