@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -237,14 +238,7 @@ def _start(plan, sampler_device: str, max_lead_collects: int | None, stall_timeo
     # thread pools of earlier runs), and one held at the fork hangs the child for good
     ctx_method = "spawn"
     ctx = torch.multiprocessing.get_context(ctx_method)
-    saved = resumed_replay(ckpt, plan.resume, "cpu")[0] if ckpt is not None else None   # the rows it had
-    if plan.actor_hosts:   # a shard per actor host, written and read in this process
-        shard_config = dataclasses.replace(config, buffer_size=config.buffer_size // plan.actor_hosts)
-        replay = ShardedReplay([SharedReplay(init_replay(shard_config, example, spec, "cpu"),
-                                             TimedLock(threading.RLock())) for _ in range(plan.actor_hosts)])
-    else:
-        replay = SharedReplay(saved if saved is not None else init_replay(config, example, spec, "cpu"),
-                              TimedLock(ctx.RLock()))
+    replay = _replay(plan, example, spec, ctx)
     act_keys = [k for k in module.SPEC.act_keys or ACT_KEYS if k != "env_steps" and k in state.keys(True)]
     throttle = _throttle(config, max_lead_collects)
     if plan.actor_hosts:
@@ -306,10 +300,30 @@ def _waits(span: float, idle: float, snap: dict, seen: dict, lag: int) -> dict:
             "sampler_wait": round(min((snap["wait_s"] - seen["wait_s"]) / span, 1.0), 3), **hosts}
 
 
+def _replay(plan, example, spec, ctx) -> SharedReplay | ShardedReplay:
+    """The run's replay, with the rows its checkpoint holds: one shared buffer, or with actor hosts a
+    shard per host (written and read in this process). A checkpoint's replay of another shape (shards
+    of another host count, or none where shards are wanted) is left out with a warning."""
+    config, hosts = plan.config, plan.actor_hosts
+    saved = resumed_replay(plan.ckpt, plan.resume, "cpu")[0] if plan.ckpt is not None else None   # the rows it had
+    wanted = hosts if hosts else None
+    got = len(saved) if isinstance(saved, tuple) else None
+    if saved is not None and got != wanted:
+        warnings.warn(f"checkpoint {plan.resume} holds a replay of {got or 'no'} actor-host shards and this run has "
+                      f"{wanted or 'no'} actor hosts; the resumed run's replay starts empty", stacklevel=3)
+        saved = None
+    if not hosts:
+        return SharedReplay(saved if saved is not None else init_replay(config, example, spec, "cpu"),
+                            TimedLock(ctx.RLock()))
+    shard_config = dataclasses.replace(config, buffer_size=config.buffer_size // hosts)
+    shards = saved if saved is not None else [init_replay(shard_config, example, spec, "cpu") for _ in range(hosts)]
+    return ShardedReplay([SharedReplay(shard, TimedLock(threading.RLock())) for shard in shards])
+
+
 def _keeps_replay(replay) -> bool:
-    """Whether a checkpoint holds the replay: a one-machine replay small enough (not the shards
-    of actor hosts)."""
-    return isinstance(replay, SharedReplay) and replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES
+    """Whether a checkpoint holds the replay (one buffer, or a tuple of the actor hosts' shards):
+    while it is small enough."""
+    return replay.nbytes <= replay_snapshot.CHECKPOINT_BYTES
 
 
 def _throttle(config, max_lead_collects: int | None) -> Throttle:

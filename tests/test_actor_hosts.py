@@ -33,7 +33,7 @@ from fnrl.replay.shared import SharedReplay
 from fnrl.replay.sharded import ShardedReplay, split
 from fnrl.replay.sum_tree import sum_tree_get
 from fnrl.samplers.async_ import Throttle
-from fnrl.train import train
+from fnrl.train import load_checkpoint, train
 from tests.learning import final_evaluations
 from tests.processes import alive, comm, descendants, wait_gone
 
@@ -141,6 +141,17 @@ def test_actor_side_priorities_are_the_learners_td_errors_of_the_same_rows():
     assert len(batch["index"].unique()) > 10
 
 
+def test_the_first_rollouts_padding_rows_get_no_priority():
+    """The n padding rows before an actor's first rollout score NaN (the replay leaves them out),
+    also when the first rollouts are shorter than n."""
+    scored = WindowPriorities(lambda params, window: window["reward"][:-3].clone(), 3)
+    rollout = _rows(0, T=2, B=2)
+    assert scored(None, rollout).isnan().all()
+    second = scored(None, _rows(2, T=2, B=2))
+    assert second[0].isnan().all() and not second[1].isnan().any()
+    assert not scored(None, _rows(4, T=2, B=2)).isnan().any()
+
+
 # ---------------------------------------------------------------- a run with two local hosts
 def _small_config():
     return dataclasses.replace(default_config("dqn"), total_steps=2_560, learning_starts=640, batch_size=32,
@@ -160,6 +171,27 @@ def test_two_actor_hosts_feed_the_learner(tmp_path):
     assert (last["actors"], last["actors_lost"], last["discarded"]) == (2, 0, 0)
     assert json.loads((tmp_path / "run" / "config.json").read_text())["actor_hosts"] == 2
     assert math.isfinite(final_evaluations(result)[0])
+
+
+def test_an_actor_hosts_run_resumes_with_its_replay_shards(tmp_path, recwarn):
+    """The checkpoint holds every host's shard; the resumed run writes on after their rows."""
+    config = dataclasses.replace(_small_config(), prioritized=True)
+    run = tmp_path / "run"
+    first = train("dqn", config, seed=0, log_dir=run, compile=False, quiet=True, log_interval=640, tensorboard=False,
+                  plot=False, sampler="async", actor_hosts=2, eval_episodes=0, stop_return=-1.0)
+    assert first.history[-1]["env_steps"] < config.total_steps
+    ckpt = load_checkpoint(run)
+    assert len(ckpt["replay"]) == 2
+    written = [shard.steps_written for shard in ckpt["replay"]]
+    assert sum(written) * config.num_envs >= ckpt["counters"]["env_steps"] > 0
+
+    train("dqn", seed=0, resume=run, compile=False, quiet=True, log_interval=640, tensorboard=False, plot=False,
+          sampler="async", actor_hosts=2, eval_episodes=0)
+    last = load_checkpoint(run)
+    assert last["counters"]["env_steps"] == config.total_steps
+    assert sum(shard.steps_written for shard in last["replay"]) * config.num_envs >= config.total_steps
+    assert all(shard.steps_written > w for shard, w in zip(last["replay"], written))
+    assert not [w for w in recwarn if "starts empty" in str(w.message)]
 
 
 def _failing_build(*args):

@@ -60,12 +60,14 @@ class WindowPriorities:
     windows of the buffer rows W - n .. W + T - 1 - n (W: rows its shard held before), so the
     actor keeps its last n stored rows and scores the window [n + T, B] with
     `priorities(params, window)` (`fnrl.algos.dqn.initial_priorities`). Before the first rollout
-    the n rows are padding that ends episodes (done), so no real row's window reaches into it."""
+    the n rows are padding that ends episodes (done), so no real row's window reaches into it;
+    their priorities are NaN, which the replay leaves out (its rows before them, if it holds any
+    from a resumed run, keep theirs)."""
 
     KEYS = ("obs", "action", "reward", "terminated", "done")
 
     def __init__(self, priorities, n_step: int):
-        self.priorities, self.n, self.tail = priorities, n_step, None
+        self.priorities, self.n, self.tail, self.padding = priorities, n_step, None, n_step
 
     def __call__(self, params, rollout: TensorDict) -> torch.Tensor:
         rows = rollout.select(*self.KEYS)
@@ -74,7 +76,10 @@ class WindowPriorities:
             self.tail["done"].fill_(True)
         window = torch.cat([self.tail, rows], 0)
         self.tail = window[-self.n:].clone()
-        return self.priorities(params, window)
+        td = self.priorities(params, window)
+        td[:self.padding] = float("nan")
+        self.padding = max(0, self.padding - rows.batch_size[0])
+        return td
 
 
 def _flat(td: TensorDict) -> dict:

@@ -100,3 +100,8 @@ class ShardedReplay:
 
     def num_sampleable(self) -> int:
         return sum(s.num_sampleable() for s in self.shards)
+
+    def snapshot(self) -> tuple:
+        """Private deep copies of the shards' buffers (`SharedReplay.snapshot`), in shard order: what a
+        checkpoint holds, and what `ShardedReplay([SharedReplay(b, lock) for b in ...])` resumes from."""
+        return tuple(s.snapshot() for s in self.shards)

@@ -81,7 +81,8 @@ class SharedReplay:
         priority: TD errors [T, B] computed by the writer (Ape-X's actors,
         `fnrl.algos.dqn.initial_priorities`) for the rows W - n .. W + T - 1 - n, W the rows
         written per env before this rollout: the rows whose n-step windows it completes. They
-        replace `max_priority` in the same locked step (rows before the first are skipped)."""
+        replace `max_priority` in the same locked step (NaN entries, and rows before the first,
+        are left as they are)."""
         with self.lock:
             current = self._current()
             written = replay.add(current, rollout)
@@ -93,10 +94,9 @@ class SharedReplay:
         spec = self.spec
         T, B = priority.shape
         row = torch.arange(before - spec.n_step, before - spec.n_step + T)
-        keep = row >= 0
-        position = (row[keep] % spec.rows_per_env).unsqueeze(1)
-        index = (position * B + torch.arange(B)).flatten()
-        replay.update_priorities(self._buffer, index, priority[keep].flatten())
+        keep = (row >= 0).unsqueeze(1) & ~priority.isnan()
+        index = (row % spec.rows_per_env).unsqueeze(1) * B + torch.arange(B)
+        replay.update_priorities(self._buffer, index[keep], priority[keep])
 
     def sample(self, batch_size: int, beta: float | torch.Tensor = 0.4, *,
                generator: torch.Generator | None = None) -> TensorDict | None:

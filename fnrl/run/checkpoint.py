@@ -182,7 +182,7 @@ def resumed_replay(ckpt: dict, resume, device) -> tuple:
     saved = ckpt.get("replay")
     if saved is None:
         warnings.warn(f"checkpoint {resume} holds no replay buffer (one over "
-                      f"{replay_snapshot.CHECKPOINT_BYTES >> 30} GiB, or from a data-parallel or actor-hosts run); "
+                      f"{replay_snapshot.CHECKPOINT_BYTES >> 30} GiB, or from a data-parallel run); "
                       "the resumed run's replay starts empty", stacklevel=3)
         return None, 0.0
     return replay_snapshot.to_device(saved, device), ckpt.get("update_credit", 0.0)
