@@ -19,7 +19,9 @@ kernel over all the leaves, with no per-tensor Python loop. Compile habits: use
 Each transformation of this module also has `update_leaves`, the same arithmetic on flat lists
 of the leaves (`Layout`), which `fnrl.algos.common.gradient_step` runs in plain eager mode: one
 `torch._foreach_*` call per operation without rebuilding nested TensorDicts after each
-(`benchmarks/probes/eager_step.md`). Under torch.compile and torch.func
+(`benchmarks/probes/eager_step.md`). A chain of [clip_by_global_norm], scale_by_adam and a
+learning rate also has `apply_leaves`, which eager steps run instead: the whole step as torch's
+fused Adam kernel, the same numbers up to float rounding. Under torch.compile and torch.func
 transforms the TensorDict `update` runs. A transformation without `update_leaves` (one of
 yours) is run through `update`.
 
@@ -45,6 +47,7 @@ from tensordict import TensorDict, TensorDictBase
 
 __all__ = [
     "GradientTransformation",
+    "Stage",
     "Layout",
     "Schedule",
     "init_step",
@@ -73,17 +76,33 @@ Schedule = Callable[[torch.Tensor], torch.Tensor]
 ScalarOrSchedule = Union[float, torch.Tensor, Schedule]
 
 
+class Stage(NamedTuple):
+    """What `chain`'s fused eager step needs to know of one elementary transformation.
+
+    kind: "identity" (passes gradients through), "clip" (args: max_norm), "adam" (args: b1, b2,
+    eps) or "rate" (args: one function, state -> (learning rate, new state))."""
+
+    kind: str
+    args: tuple = ()
+
+
 class GradientTransformation(NamedTuple):
     """init(params) -> state;  update(grads, state, params=None) -> (updates, new_state).
 
     update_leaves (optional): `update` on leaves, update_leaves(grads, state, params, layout) ->
     (updates, new_state), with grads, params and updates lists in `layout`'s order (params may
     be None for a transformation that does not read them) and the state as in `update`.
+    stages (optional): ((path of its state, `Stage`), ...) of each elementary transformation in
+    order, where every one is known (`chain` joins them).
+    apply_leaves (optional): the whole step on leaves, apply_leaves(grads, state, params, layout)
+    -> (new params, new_state), params + updates up to float rounding (`chain`'s fused Adam).
     """
 
     init: Callable[[TensorDictBase], TensorDictBase]
     update: Callable[..., tuple[TensorDictBase, TensorDictBase]]
     update_leaves: Callable | None = None
+    stages: tuple | None = None
+    apply_leaves: Callable | None = None
 
 
 class Layout:
@@ -253,10 +272,14 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         return grads.mul(scale), state
 
     def update_leaves(grads, state, params, layout):
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        return torch._foreach_mul(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0)), state
+        return _clip_leaves(grads, max_norm), state
 
-    return GradientTransformation(_empty_state, update, update_leaves)
+    return GradientTransformation(_empty_state, update, update_leaves, (((), Stage("clip", (max_norm,))),))
+
+
+def _clip_leaves(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch._foreach_mul(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
 
 
 def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransformation:
@@ -279,7 +302,7 @@ def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransform
         return (grads, state) if off else (torch._foreach_add(grads, torch._foreach_mul(needs(params), weight_decay)),
                                            state)
 
-    return GradientTransformation(_empty_state, update, update_leaves)
+    return GradientTransformation(_empty_state, update, update_leaves, (((), Stage("identity")),) if off else None)
 
 
 def trace(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformation:
@@ -293,7 +316,7 @@ def trace(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformati
         if nesterov:
             raise ValueError("nesterov momentum needs momentum > 0")
         return GradientTransformation(_empty_state, lambda grads, state, params=None: (grads, state),
-                                      lambda grads, state, params, layout: (grads, state))
+                                      lambda grads, state, params, layout: (grads, state), (((), Stage("identity")),))
 
     def init(params):
         return TensorDict({"momentum_buffer": _zeros_like(params)}, batch_size=[])
@@ -351,7 +374,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         return out, TensorDict({"step": step, "exp_avg": layout.tree(exp_avg), "exp_avg_sq": layout.tree(exp_avg_sq)},
                                batch_size=[])
 
-    return GradientTransformation(init, update, update_leaves)
+    return GradientTransformation(init, update, update_leaves, (((), Stage("adam", (b1, b2, eps))),))
 
 
 def scale_by_rms(alpha: float = 0.99, eps: float = 1e-8, centered: bool = False) -> GradientTransformation:
@@ -402,16 +425,19 @@ def scale_by_learning_rate(lr: ScalarOrSchedule) -> GradientTransformation:
     def init(params):
         return TensorDict({"step": init_step(params)}, batch_size=[])
 
-    def update(grads, state, params=None):
+    def rate_and_state(state):
         step = state["step"]
-        rate = _value_at(lr, step)
-        return grads.mul(-rate), TensorDict({"step": step + 1}, batch_size=[])
+        return _value_at(lr, step), TensorDict({"step": step + 1}, batch_size=[])
+
+    def update(grads, state, params=None):
+        rate, new_state = rate_and_state(state)
+        return grads.mul(-rate), new_state
 
     def update_leaves(grads, state, params, layout):
-        step = state["step"]
-        return torch._foreach_mul(grads, -_value_at(lr, step)), TensorDict({"step": step + 1}, batch_size=[])
+        rate, new_state = rate_and_state(state)
+        return torch._foreach_mul(grads, -rate), new_state
 
-    return GradientTransformation(init, update, update_leaves)
+    return GradientTransformation(init, update, update_leaves, (((), Stage("rate", (rate_and_state,))),))
 
 
 def scale_by_stored_learning_rate(lr: float, schedule: Schedule | None = None) -> GradientTransformation:
@@ -431,17 +457,17 @@ def scale_by_stored_learning_rate(lr: float, schedule: Schedule | None = None) -
         step, rate = state["step"], state["lr"]
         if schedule is not None:
             rate = rate * schedule(step)
-        return -rate, TensorDict({"lr": state["lr"], "step": step + 1}, batch_size=[])
+        return rate, TensorDict({"lr": state["lr"], "step": step + 1}, batch_size=[])
 
     def update(grads, state, params=None):
         rate, new_state = rate_and_state(state)
-        return grads.mul(rate), new_state
+        return grads.mul(-rate), new_state
 
     def update_leaves(grads, state, params, layout):
         rate, new_state = rate_and_state(state)
-        return torch._foreach_mul(grads, rate), new_state
+        return torch._foreach_mul(grads, -rate), new_state
 
-    return GradientTransformation(init, update, update_leaves)
+    return GradientTransformation(init, update, update_leaves, (((), Stage("rate", (rate_and_state,))),))
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
@@ -463,7 +489,75 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
         return grads, TensorDict(new_state, batch_size=[])
 
     leaves = all(tx.update_leaves is not None for tx in transforms)
-    return GradientTransformation(init, update, update_leaves if leaves else None)
+    stages = None
+    if all(tx.stages is not None for tx in transforms):
+        stages = tuple(((str(i), *path), stage) for i, tx in enumerate(transforms) for path, stage in tx.stages)
+    return GradientTransformation(init, update, update_leaves if leaves else None, stages,
+                                  _fused_adam(stages, update_leaves) if leaves and stages else None)
+
+
+_FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
+
+def _fused_adam(stages: tuple, update_leaves: Callable) -> Callable | None:
+    """`apply_leaves` of a chain of [clip_by_global_norm], scale_by_adam and a learning rate (any
+    pass-through stages between them), else None: Adam as torch's fused kernel (`torch.optim.Adam`'s
+    `fused=True`), one kernel per parameter for the moments, the bias corrections and the step, where
+    the unfused leaves take about ten `torch._foreach_*` calls (`benchmarks/probes/eager_step.md`).
+
+    The same arithmetic as `update_leaves` then `params + updates` up to float rounding (the kernel
+    folds the rate and the first bias correction into one step size). On other devices than the CPU
+    and CUDA, and for parameters that are not all float32 or all float64 on one device, it runs
+    `update_leaves`."""
+    known = [(path, stage) for path, stage in stages if stage.kind != "identity"]
+    kinds = [stage.kind for _, stage in known]
+    if kinds not in (["adam", "rate"], ["clip", "adam", "rate"]):
+        return None
+    clip = known[0][1].args[0] if kinds[0] == "clip" else None
+    (adam_path, adam_stage), (rate_path, rate_stage) = known[-2:]
+    b1, b2, eps = adam_stage.args
+    (rate_and_state,) = rate_stage.args
+
+    def apply_leaves(grads, state, params, layout):
+        placements = {(p.device, p.dtype) for p in params}
+        if len(placements) != 1 or params[0].device.type not in _FUSED_ADAM_DEVICES \
+                or params[0].dtype not in (torch.float32, torch.float64):
+            updates, new_state = update_leaves(grads, state, params, layout)
+            return torch._foreach_add(params, updates), new_state
+        if clip is not None:
+            grads = _clip_leaves(grads, clip)
+        moments = _sub_state(state, adam_path)
+        step = moments["step"] + 1
+        rate, rate_state = rate_and_state(_sub_state(state, rate_path))
+        new_params = [p.clone() for p in params]
+        exp_avg = [m.clone() for m in layout.leaves(moments["exp_avg"])]
+        exp_avg_sq = [v.clone() for v in layout.leaves(moments["exp_avg_sq"])]
+        rate = torch.as_tensor(rate, dtype=params[0].dtype, device=params[0].device)
+        torch._fused_adam_(new_params, list(grads), exp_avg, exp_avg_sq, [], [step.to(torch.float32)] * len(params),
+                           lr=rate, beta1=b1, beta2=b2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+        moments = TensorDict({"step": step, "exp_avg": layout.tree(exp_avg), "exp_avg_sq": layout.tree(exp_avg_sq)},
+                             batch_size=[])
+        return new_params, _replaced(state, {adam_path: moments, rate_path: rate_state})
+
+    return apply_leaves
+
+
+def _sub_state(state: TensorDictBase, path: tuple) -> TensorDictBase:
+    for key in path:
+        state = state[key]
+    return state
+
+
+def _replaced(state: TensorDictBase, replacements: dict) -> TensorDictBase:
+    """A new nested state with the sub-states at the given paths (tuples of keys) replaced; the
+    others are the same TensorDicts."""
+    if () in replacements:
+        return replacements[()]
+    items = {}
+    for key, value in state.items():
+        inner = {path[1:]: new for path, new in replacements.items() if path[0] == key}
+        items[key] = _replaced(value, inner) if inner else value
+    return TensorDict(items, batch_size=[])
 
 
 # ---------------------------------------------------------------------------

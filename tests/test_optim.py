@@ -9,6 +9,7 @@ from torch import nn
 
 from fnrl.optim import (
     GradientTransformation,
+    Layout,
     adam,
     adamw,
     apply_updates,
@@ -369,24 +370,73 @@ def test_zero_dim_parameters_keep_their_dtype():
     assert params["log_alpha"].dtype == torch.float32 and params["log_alpha"].item() < 0
 
 
+def eager_steps(tx, net, steps=STEPS):
+    """(params, state, last loss) after `steps` plain eager `gradient_step`s of `tx` on the MLP."""
+    from fnrl.algos.common import gradient_step
+
+    params = TensorDict.from_module(net).detach().clone()
+    state, dtype = tx.init(params), params["0", "weight"].dtype
+    for x, y in make_batches(steps):
+        x, y = x.to(dtype), y.to(dtype)
+        params, state, metrics = gradient_step(lambda p: (mlp_loss(net, p, x, y), {}), params, tx, state)
+    return params, state, metrics["loss"]
+
+
 @pytest.mark.parametrize("name", [*MATCHES, "clip_adam"])
 def test_eager_gradient_step_on_leaves_equals_the_tensordict_update(name):
     """`gradient_step` in plain eager mode runs `update_leaves` (`Layout`): the same parameters
-    and optimizer state, bit for bit, as the TensorDict `update`."""
-    from fnrl.algos.common import gradient_step
-
+    and optimizer state, bit for bit, as the TensorDict `update` (Adam's fused `apply_leaves` left out)."""
     tx = chain(clip_by_global_norm(0.3), adam(1e-2)) if name == "clip_adam" else MATCHES[name][0]
     assert tx.update_leaves is not None
-    on_tensordicts = GradientTransformation(tx.init, tx.update)   # no update_leaves: the TensorDict path
     net = make_mlp()
-    runs = []
-    for opt in (tx, on_tensordicts):
-        params = TensorDict.from_module(net).detach().clone()
-        state = opt.init(params)
-        for x, y in make_batches(STEPS):
-            params, state, metrics = gradient_step(lambda p: (mlp_loss(net, p, x, y), {}), params, opt, state)
-        runs.append((params, state, metrics["loss"]))
-    (params, state, loss), (expected_params, expected_state, expected_loss) = runs
+    params, state, loss = eager_steps(GradientTransformation(tx.init, tx.update, tx.update_leaves), net)
+    expected_params, expected_state, expected_loss = eager_steps(GradientTransformation(tx.init, tx.update), net)
     assert (params == expected_params).all() and (state == expected_state).all() and torch.equal(loss, expected_loss)
     assert list(params.keys(True, True)) == list(expected_params.keys(True, True))
     assert list(state.keys(True)) == list(expected_state.keys(True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", ["adam", "clip_adam", "stored_rate"])
+def test_fused_adam_equals_the_unfused_step(name, dtype):
+    """A chain of [clip], Adam and a learning rate (nested chains and pass-through stages too) has
+    `apply_leaves`, torch's fused Adam kernel, which plain eager `gradient_step` runs: the same
+    parameters and state as the TensorDict `update` up to float rounding, the same layout."""
+    from fnrl.optim import scale_by_adam, scale_by_stored_learning_rate
+
+    tx = {"adam": adam(1e-2, b2=0.99, eps=1e-6),
+          "clip_adam": chain(clip_by_global_norm(0.3), adam(linear_schedule(1e-2, 1e-3, 50))),
+          "stored_rate": chain(clip_by_global_norm(0.5), scale_by_adam(eps=1e-5),
+                               scale_by_stored_learning_rate(1e-2, linear_schedule(1.0, 0.0, 80)))}[name]
+    assert tx.apply_leaves is not None
+    net = make_mlp().to(dtype)
+    params, state, _ = eager_steps(tx, net)
+    expected_params, expected_state, _ = eager_steps(GradientTransformation(tx.init, tx.update), net)
+    tol = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 2e-5, "atol": 2e-6}
+    assert_td_close(params, expected_params, **tol)
+    assert_td_close(state, expected_state, **tol)
+    assert list(state.keys(True)) == list(expected_state.keys(True))
+    assert not torch.equal(params["0", "weight"], TensorDict.from_module(net)["0", "weight"])
+
+
+def test_fused_adam_applies_only_to_adam_with_a_rate():
+    from fnrl.optim import scale_by_adam, trace
+
+    assert sgd(1e-2, momentum=0.9).apply_leaves is None and rmsprop(1e-2).apply_leaves is None
+    assert adamw(1e-2).apply_leaves is None                       # decoupled decay between Adam and the rate
+    assert adam(1e-2, weight_decay=1e-4).apply_leaves is None     # an L2 term before Adam
+    assert chain(scale_by_adam(), trace(0.9), sgd(1e-2)).apply_leaves is None
+    assert chain(trace(0.0), adam(1e-2)).apply_leaves is not None
+
+
+def test_fused_adam_falls_back_to_the_leaf_lists_for_mixed_dtypes():
+    """Leaves of two dtypes (one kernel call takes one): `apply_leaves` runs `update_leaves`, bit for bit."""
+    tx = chain(clip_by_global_norm(1.0), adam(1e-2))
+    params = TensorDict({"w": torch.ones(3, dtype=torch.float32), "b": torch.ones(2, dtype=F64)}, batch_size=[])
+    grads = [torch.tensor([0.5, -1.0, 2.0]), torch.tensor([1.0, -3.0], dtype=F64)]
+    layout = Layout.of(params)
+    values = layout.leaves(params)
+    new, state = tx.apply_leaves(grads, tx.init(params), values, layout)
+    updates, expected_state = tx.update_leaves(grads, tx.init(params), values, layout)
+    assert all(torch.equal(a, p + u) for a, p, u in zip(new, values, updates))
+    assert (state == expected_state).all()

@@ -1,13 +1,16 @@
-"""Eager updates: the optimizer on leaf lists (`fnrl.optim.Layout`, `update_leaves`) vs on TensorDicts.
+"""Eager updates: the optimizer on TensorDicts, on leaf lists, and as torch's fused Adam kernel.
 
-`fnrl.algos.common.gradient_step` runs, in plain eager mode, the optimizer's `update_leaves`: one
-`torch._foreach_*` call per operation over lists of the parameters' leaves, with the nested
-TensorDicts rebuilt once per step. The other form is the TensorDict `update` (what compiled and
-vmapped updates trace), each operation rebuilding every nested TensorDict. Both give the same
-numbers bit for bit (tests/test_optim.py). This times, in one process, one eager `update` of
-PPO (one iteration of the CartPole-v1 preset: 20 epochs of one minibatch of a [32, 8] rollout)
-and of DQN (one gradient step of the CartPole-v1 preset, batch 128) in each form, in
-alternating rounds, and writes the table to eager_step.md.
+`fnrl.algos.common.gradient_step` runs, in plain eager mode, the optimizer on lists of the
+parameters' leaves (`fnrl.optim.Layout`), the nested TensorDicts rebuilt once per step: an Adam
+chain (`fnrl.optim.chain` of [clip], Adam and a learning rate) as `apply_leaves`, torch's fused
+Adam kernel, one kernel per leaf; other optimizers as `update_leaves`, one `torch._foreach_*`
+call per operation. The slowest form is the TensorDict `update` (what compiled and vmapped
+updates trace), each operation rebuilding every nested TensorDict. Leaf lists give the same
+numbers as TensorDicts bit for bit, the fused kernel up to float rounding (tests/test_optim.py).
+This times, in one process, one eager `update` of PPO (one iteration of the CartPole-v1 preset:
+20 epochs of one minibatch of a [32, 8] rollout) and of DQN (one gradient step of the
+CartPole-v1 preset, batch 128) in each form, in alternating rounds, and writes the table to
+eager_step.md.
 
     python benchmarks/probes/eager_step.py [--rounds 11] [--calls 20]
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from fnrl import envs
+from fnrl import envs, optim
 from fnrl.algos import common, dqn, ppo
 from fnrl.presets import configure
 from fnrl.samplers.serial import SerialSampler
@@ -58,10 +61,16 @@ def dqn_case():
     return f"DQN CartPole: one gradient step (batch {n})", lambda: agent.update(state, batch)
 
 
-def time_call(fn, calls: int, leaves: bool) -> float:
-    """Median ms of `calls` calls of fn, the optimizer on leaf lists or on TensorDicts."""
-    layout_of = common.Layout.of
-    common.Layout.of = layout_of if leaves else (lambda params: None)
+FORMS = ("TensorDicts", "leaf lists", "fused Adam")
+
+
+def time_call(fn, calls: int, form: str) -> float:
+    """Median ms of `calls` calls of fn, the optimizer in the given form (`FORMS`)."""
+    layout_of, devices = common.Layout.of, optim._FUSED_ADAM_DEVICES
+    if form == "TensorDicts":
+        common.Layout.of = lambda params: None
+    if form != "fused Adam":
+        optim._FUSED_ADAM_DEVICES = ()   # apply_leaves then runs update_leaves
     try:
         fn()
         times = []
@@ -71,7 +80,7 @@ def time_call(fn, calls: int, leaves: bool) -> float:
             times.append(time.perf_counter() - start)
         return 1e3 * statistics.median(times)
     finally:
-        common.Layout.of = layout_of
+        common.Layout.of, optim._FUSED_ADAM_DEVICES = layout_of, devices
 
 
 def main() -> None:
@@ -82,17 +91,21 @@ def main() -> None:
     torch.set_num_threads(1)
     lines = [f"# {__doc__.splitlines()[0]}", "",
              f"Machine: {cpu_model()}, torch {torch.__version__}, 1 intra-op thread, Python {sys.version.split()[0]}. "
-             f"Median ms per call over {args.calls} calls, {args.rounds} rounds, the two forms alternating.", "",
-             "| update | TensorDicts ms | leaf lists ms | speed-up (median of rounds) | rounds' range |",
-             "|---|---:|---:|---:|---|"]
+             f"Median ms per call over {args.calls} calls, {args.rounds} rounds, the three forms in turns.", "",
+             "| update | TensorDicts ms | leaf lists ms | fused Adam ms | leaf lists / TensorDicts (range) | "
+             "fused / leaf lists (range) |", "|---|---:|---:|---:|---|---|"]
     for name, fn in (ppo_case(), dqn_case()):
-        tds, leaf = [], []
+        ms = {form: [] for form in FORMS}
         for _ in range(args.rounds):
-            tds.append(time_call(fn, args.calls, leaves=False))
-            leaf.append(time_call(fn, args.calls, leaves=True))
-        ratios = [t / lf for t, lf in zip(tds, leaf)]
-        lines.append(f"| {name} | {statistics.median(tds):.2f} | {statistics.median(leaf):.2f} | "
-                     f"{statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f}x |")
+            for form in FORMS:
+                ms[form].append(time_call(fn, args.calls, form))
+
+        def speedup(slow, fast):
+            ratios = [a / b for a, b in zip(ms[slow], ms[fast])]
+            return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+        lines.append(f"| {name} | " + " | ".join(f"{statistics.median(ms[f]):.2f}" for f in FORMS) +
+                     f" | {speedup('TensorDicts', 'leaf lists')} | {speedup('leaf lists', 'fused Adam')} |")
         print(lines[-1], flush=True)
     lines += ["", "Generated by `python benchmarks/probes/eager_step.py`."]
     OUTPUT.write_text("\n".join(lines) + "\n")

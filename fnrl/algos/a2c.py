@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from fnrl import losses, optim
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
-                               masked_mean)
+                               masked_means)
 from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
@@ -137,13 +137,13 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
         next_value = torch.cat([value[1:], last_value[None]]).detach()
         discount = hp["gamma"] * (~rollout["terminated"]).to(value.dtype)
         advantage = gae(rollout["reward"], value.detach(), next_value, discount, rollout["done"], hp["gae_lambda"])
-        valid = rollout["valid"]
+        mean_of = masked_means(rollout["valid"], value.dtype)   # over the valid steps
         pg = losses.policy_gradient_loss(dist.log_prob(*d, rollout["action"]), advantage)
         v_loss = losses.squared_loss(value - (advantage + value.detach()))
         entropy = dist.entropy(*d)
-        total = masked_mean(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy, valid)
-        return total, {"loss/policy": masked_mean(pg, valid).detach(), "loss/value": masked_mean(v_loss, valid).detach(),
-                       "loss/entropy": masked_mean(entropy, valid).detach()}
+        total = mean_of(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy)
+        return total, {"loss/policy": mean_of(pg.detach()), "loss/value": mean_of(v_loss.detach()),
+                       "loss/entropy": mean_of(entropy.detach())}
 
     def update(state: TensorDict, rollout: TensorDict):
         params, opt_state, metrics = gradient_step(loss, state["params"], opt, state["opt_state"], rollout,

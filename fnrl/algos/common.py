@@ -75,8 +75,16 @@ def action_dist(spec: EnvSpec) -> ActionDist:
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of `x` over the entries where `mask` is True (0 if there are none)."""
-    m = mask.to(x.dtype)
-    return (x * m).sum() / m.sum().clamp(min=1.0)
+    return masked_means(mask, x.dtype)(x)
+
+
+def masked_means(mask: torch.Tensor, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`mean(x)`: `masked_mean(x, mask)` for any `x` of `dtype`, the mask's weights and count made once.
+
+    mean(x) = sum_i x_i m_i / max(1, sum_i m_i),   m = mask as 0 / 1."""
+    m = mask.to(dtype)
+    count = m.sum().clamp(min=1.0)
+    return lambda x: (x * m).sum() / count
 
 
 def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorDict, *args):
@@ -103,13 +111,17 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
 def _leaf_step(loss_fn: Callable, params: TensorDict, layout, opt, opt_state: TensorDict, *args):
     """`gradient_step` in plain eager mode on the parameters as a list (`fnrl.optim.Layout`): the
     same numbers, with the gradients, the optimizer's `update_leaves` and the new parameters one
-    `torch._foreach_*` call per operation."""
+    `torch._foreach_*` call per operation; or, for an optimizer with `apply_leaves` (Adam, fused),
+    the same numbers up to float rounding."""
     values = layout.leaves(params)
     with torch.enable_grad():
         leaves = [p.detach().requires_grad_() for p in values]
         loss, metrics = loss_fn(layout.tree(leaves), *args)
         grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     grads = [torch.zeros_like(p) if g is None else g for p, g in zip(values, grads)]
+    if getattr(opt, "apply_leaves", None) is not None:   # the whole step fused (`fnrl.optim.chain`)
+        new_values, opt_state = opt.apply_leaves(grads, opt_state, values, layout)
+        return layout.tree(new_values), opt_state, dict(metrics, loss=loss.detach())
     updates, opt_state = opt.update_leaves(grads, opt_state, values, layout)
     if any(u.dtype != p.dtype for u, p in zip(updates, values)):
         updates = [u.to(p.dtype) for u, p in zip(updates, values)]

@@ -35,7 +35,7 @@ from tensordict import TensorDict
 
 from fnrl import losses, optim
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
-                               masked_mean)
+                               masked_means)
 from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
@@ -199,16 +199,15 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
             _, last_value = policy(params, batch["next_obs"][-1])
         logp = dist.log_prob(*d, batch["action"])
         vs, pg_adv = vtrace_targets(config, batch, logp, value, last_value)
-        valid = batch["valid"]
+        mean_of = masked_means(batch["valid"], logp.dtype)   # over the valid steps
         pg = losses.policy_gradient_loss(logp, pg_adv)
         v_loss = losses.squared_loss(value - vs)
         entropy = dist.entropy(*d)
-        total = masked_mean(pg + config.vf_coef * v_loss - config.ent_coef * entropy, valid)
+        total = mean_of(pg + config.vf_coef * v_loss - config.ent_coef * entropy)
         rho = (logp.detach() - batch["logp"]).exp()
-        return total, {"loss/policy": masked_mean(pg, valid).detach(),
-                       "loss/value": masked_mean(v_loss, valid).detach(),
-                       "loss/entropy": masked_mean(entropy, valid).detach(),
-                       "rho_mean": masked_mean(rho, valid), "advantage_mean": masked_mean(pg_adv, valid)}
+        return total, {"loss/policy": mean_of(pg.detach()), "loss/value": mean_of(v_loss.detach()),
+                       "loss/entropy": mean_of(entropy.detach()), "rho_mean": mean_of(rho),
+                       "advantage_mean": mean_of(pg_adv.detach())}
 
     def update(state: TensorDict, batch: TensorDict):
         params, opt_state, metrics = gradient_step(loss, state["params"], opt, state["opt_state"], batch)

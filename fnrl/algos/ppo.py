@@ -38,7 +38,7 @@ from tensordict import TensorDict
 from fnrl import losses, optim, rng
 from fnrl.accel.staged import staged_update
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
-                               masked_mean, scan_steps, shares_torso)
+                               masked_mean, masked_means, scan_steps, shares_torso)
 from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
@@ -206,11 +206,11 @@ def _loss(config: Config, dist, forward):
         ent_coef x entropy, averaged over valid steps; and its metrics."""
         d, value = forward(params, mb)
         logp = dist.log_prob(*d, mb["action"])
-        valid = mb["valid"]
+        mean_of = masked_means(mb["valid"], logp.dtype)   # over the valid steps
         adv = mb["advantage"]
         if config.norm_adv:
-            mean = masked_mean(adv, valid)
-            std = masked_mean((adv - mean) ** 2, valid).sqrt()
+            mean = mean_of(adv)
+            std = mean_of((adv - mean) ** 2).sqrt()
             adv = (adv - mean) / (std + 1e-8)
         if config.penalty == "clip":
             pg, clipped = losses.clipped_surrogate_loss(logp, mb["logp"], adv, clip)
@@ -223,13 +223,14 @@ def _loss(config: Config, dist, forward):
         else:
             v_loss = losses.squared_loss(value - mb["target"])
         entropy = dist.entropy(*d)
-        total = masked_mean(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy, valid)
+        total = mean_of(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy)
+        # the metrics from detached terms: no autograd records for them in eager mode
         return total, {
-            "loss/policy": masked_mean(pg, valid).detach(),
-            "loss/value": masked_mean(v_loss, valid).detach(),
-            "loss/entropy": masked_mean(entropy, valid).detach(),
-            "approx_kl": masked_mean(losses.approx_kl(logp, mb["logp"]), valid).detach(),
-            "clipfrac": masked_mean(clipped, valid).detach(),
+            "loss/policy": mean_of(pg.detach()),
+            "loss/value": mean_of(v_loss.detach()),
+            "loss/entropy": mean_of(entropy.detach()),
+            "approx_kl": mean_of(losses.approx_kl(logp.detach(), mb["logp"])),
+            "clipfrac": mean_of(clipped.detach()),
         }
 
     return loss
