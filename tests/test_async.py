@@ -308,6 +308,7 @@ def test_sampler_exits_when_the_main_process_is_killed(tmp_path, cli_run):
 
 # ---------------------------------------------------------------- learning
 @pytest.mark.slow
+@pytest.mark.matrix   # two processes on a core for 2-4 minutes: CI's time goes to the tests above
 def test_dqn_async_learns_cartpole(tmp_path):
     """`fnrl train dqn --sampler async` with DQN's CartPole preset (50k env steps): the final
     evaluation without exploration (10 episodes on separate envs) is 400 or more on seed 0, or on

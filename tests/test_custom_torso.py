@@ -37,6 +37,8 @@ def test_a_users_torso_is_trained_with_the_heads_and_rebuilt_by_eval(tmp_path, a
     assert name == algo and len(returns) == 2
 
 
+@pytest.mark.slow
+@pytest.mark.matrix   # the updates through a user's torso are checked below for every algorithm
 def test_ppo_learns_cartpole_with_a_users_torso_on_two_seeds(tmp_path):
     config, _ = configure("ppo", "CartPole-v1", conv=TORSO)   # the preset's settings and budget
     result = train("ppo", config, seed=0, num_seeds=2, log_dir=tmp_path / "run", quiet=True, tensorboard=False,

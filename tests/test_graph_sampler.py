@@ -273,7 +273,8 @@ def test_ppo_preset_solves_cartpole_with_the_graph_sampler(tmp_path):
 def test_dqn_learns_cartpole_with_the_graph_sampler(tmp_path):
     """The DQN family's loop takes the graph sampler's rollouts as any other: dqn's CartPole preset,
     4 seeds vmapped, judged as the serial learning test judges it (tests/test_learning_dqn.py).
-    In the matrix: the off-policy loop's default learning test through the graph sampler is SAC's."""
+    In the matrix, as SAC's below: the graph sampler's rollouts are checked step by step against the
+    functional envs and the policy above, the off-policy loop's replay through it in tests/test_resume.py."""
     from fnrl.train import train
 
     result = train("dqn", None, seed=0, num_seeds=4, log_dir=tmp_path / "run", quiet=True, tensorboard=False,
@@ -282,6 +283,7 @@ def test_dqn_learns_cartpole_with_the_graph_sampler(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_sac_learns_pendulum_with_the_graph_sampler(tmp_path):
     """sac's Pendulum preset through the graph sampler, 4 seeds vmapped, judged as the serial
     learning test judges it (tests/test_learning_qpg.py): at most one seed below -250, none below -500."""
@@ -295,10 +297,12 @@ def test_sac_learns_pendulum_with_the_graph_sampler(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_recurrent_ppo_learns_cartpole_without_velocities_with_the_graph_sampler(tmp_path):
     """tests/test_learning_recurrent.py's LSTM run through the graph sampler (eager, as there), judged
     as there: a final evaluation past what a feed-forward policy reaches on the partially observed
-    fnrl/CartPoleNoVel-v1 after its 200k steps."""
+    fnrl/CartPoleNoVel-v1 after its 200k steps. In the matrix: the carry through the graph sampler is
+    checked step by step above."""
     from fnrl.train import train
 
     from tests.test_learning_recurrent import LSTM_BAR, NOVEL

@@ -5,6 +5,8 @@ seed, judged on each seed's final evaluation without exploration (10 episodes on
 at most one seed below -250, none below -500 (a random policy scores about -1,200). SAC with gSDE
 on MountainCarContinuous-v0 (its preset, rl-zoo3's settings: 50k steps; `matrix` marker, ~6
 CPU-minutes): 2 seeds, both at 90 or more (the car reaches the flag; a policy that stays put scores 0).
+DDPG's run carries the `matrix` marker too: it is TD3's loop and update with the clipped double Q,
+the delayed actor and the target smoothing switched off (tests/test_qpg.py checks DDPG's update).
 """
 import pytest
 
@@ -14,7 +16,7 @@ from tests.learning import assert_most_seeds_reach
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["sac", "td3", "ddpg"])
+@pytest.mark.parametrize("name", ["sac", "td3", pytest.param("ddpg", marks=pytest.mark.matrix)])
 def test_pendulum_on_four_seeds(name, tmp_path):
     config, preset = configure(name, "Pendulum-v1")
     assert preset == f"{name}/Pendulum-v1" and config.total_steps == 20_000

@@ -440,3 +440,28 @@ def test_fused_adam_falls_back_to_the_leaf_lists_for_mixed_dtypes():
     updates, expected_state = tx.update_leaves(grads, tx.init(params), values, layout)
     assert all(torch.equal(a, p + u) for a, p, u in zip(new, values, updates))
     assert (state == expected_state).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_adam_is_torch_fused_adam_bit_for_bit(dtype):
+    """`adam(lr)`'s `apply_leaves` is `torch.optim.Adam(fused=True)` (its rate a tensor of the
+    parameters' dtype, as the chain's stored rate is) on the same gradients, bit for bit, step after step."""
+    tx = adam(1e-2, b2=0.99, eps=1e-6)
+    g = torch.Generator().manual_seed(0)
+    params = TensorDict({"w": torch.randn(5, 3, generator=g, dtype=dtype),
+                         "b": torch.randn(3, generator=g, dtype=dtype)}, batch_size=[])
+    layout = Layout.of(params)
+    values, state = layout.leaves(params), tx.init(params)
+    reference = [v.clone().requires_grad_() for v in values]
+    torch_adam = torch.optim.Adam(reference, lr=torch.tensor(1e-2, dtype=dtype), betas=(0.9, 0.99), eps=1e-6,
+                                  fused=True)
+    for _ in range(20):
+        grads = [torch.randn(v.shape, generator=g, dtype=dtype) for v in values]
+        values, state = tx.apply_leaves(grads, state, values, layout)
+        for p, grad in zip(reference, grads):
+            p.grad = grad.clone()
+        torch_adam.step()
+    assert all(torch.equal(v, p.detach()) for v, p in zip(values, reference))
+    moments = [torch_adam.state[p] for p in reference]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert all(torch.equal(m, s[key]) for m, s in zip(layout.leaves(state["1"][key]), moments))

@@ -26,21 +26,6 @@ def assert_close_td(a, b, **kw):
         torch.testing.assert_close(x, b[key], **kw)
 
 
-def test_forward_return_matches_loop():
-    torch.manual_seed(0)
-    r = torch.randn(7, 3)
-    done = torch.rand(7, 3) < 0.3
-    carry = torch.randn(3)
-    ret, new_carry = ppo._forward_return(r, done, 0.9, carry)
-    expect, acc = [], carry.clone()
-    for t in range(7):
-        acc = r[t] + acc
-        expect.append(acc.clone())
-        acc = acc * 0.9 * (~done[t]).float()
-    torch.testing.assert_close(ret, torch.stack(expect))
-    torch.testing.assert_close(new_carry, acc)
-
-
 def test_update_improves_surrogate_and_masks_invalid_steps():
     agent, state, spec, (ro,) = rollout_for(SMALL)
     new_state, metrics = agent.update(state, ro)

@@ -78,7 +78,8 @@ def test_greedy_collect_of_row_k_equals_single_run_with_seed_k(module, config):
             torch.testing.assert_close(mine[key], single[key], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("module,config", [(ppo, SMALL), (a2c, SMALL_A2C)])
+@pytest.mark.parametrize("module,config", [(ppo, SMALL), (a2c, SMALL_A2C),
+                                           (a2c, dataclasses.replace(SMALL_A2C, normalize_reward=True))])
 def test_first_update_of_row_k_equals_single_run_with_seed_k(module, config):
     """The vmapped update of row k = the single run's update on the same (explored) rollout,
     including PPO's minibatch permutations (drawn from the row's own seed)."""

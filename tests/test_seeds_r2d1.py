@@ -142,6 +142,10 @@ def with_reset(carry, reset):
     return carry
 
 
+# Two minutes of compiling on a 2-core machine, left to `-m matrix`: compiled == eager is checked for
+# R2D1's single run (tests/test_r2d1.py) and for vmapped DQN and PPO (tests/test_seeds*.py) in CI.
+@pytest.mark.slow
+@pytest.mark.matrix
 def test_compiled_rows_act_and_update_equal_eager_and_do_not_recompile():
     """Acting as the sampler calls it (carry None first, then the returned carry with `reset`)
     and the update, compiled, equal eager; later steps and updates reuse the graphs."""

@@ -25,6 +25,7 @@ from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.nets.core import check_conv
+from fnrl.normalize import rms_init, scale_rewards
 from fnrl.returns import gae
 
 ACT_KEYS = ("params",)
@@ -68,6 +69,8 @@ class Config:
     """value loss coefficient"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip"""
+    normalize_reward: bool = False
+    """divide rewards by the running std of the discounted return (BatchPPO's reward scaling)"""
     hidden: tuple[int, ...] = (64, 64)
     """MLP hidden sizes"""
     activation: str = "tanh"
@@ -113,10 +116,11 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
     def init(seed: int) -> TensorDict:
         params = init_params(build, seed)
         hp = {k: torch.tensor(float(getattr(config, k))) for k in SWEEPABLE if k != "learning_rate"}
-        return TensorDict({"params": params, "opt_state": opt.init(params),
-                           "env_steps": torch.zeros((), dtype=torch.int64),
-                           "seed": torch.tensor(seed, dtype=torch.int64), "hp": TensorDict(hp, batch_size=[])},
-                          batch_size=[])
+        state = {"params": params, "opt_state": opt.init(params), "env_steps": torch.zeros((), dtype=torch.int64),
+                 "seed": torch.tensor(seed, dtype=torch.int64), "hp": TensorDict(hp, batch_size=[])}
+        if config.normalize_reward:
+            state["rew_rms"], state["ret"] = rms_init(()), torch.zeros(config.num_envs)
+        return TensorDict(state, batch_size=[])
 
     def act(state, obs, carry, explore: bool = True):
         extras = {}
@@ -146,9 +150,14 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
                        "loss/entropy": mean_of(entropy.detach())}
 
     def update(state: TensorDict, rollout: TensorDict):
+        new_state = state.copy()
+        if config.normalize_reward:
+            rollout = rollout.copy()
+            rollout["reward"], new_state["rew_rms"], new_state["ret"] = scale_rewards(
+                state["rew_rms"], state["ret"], rollout["reward"], rollout["done"], rollout["valid"],
+                state["hp"]["gamma"])
         params, opt_state, metrics = gradient_step(loss, state["params"], opt, state["opt_state"], rollout,
                                                    state["hp"])
-        new_state = state.copy()
         new_state["params"], new_state["opt_state"] = params, opt_state
         return new_state, TensorDict(metrics, batch_size=[])
 

@@ -43,8 +43,8 @@ from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.nets.core import check_conv
-from fnrl.normalize import rms_init, rms_normalize, rms_update
-from fnrl.returns import gae, reverse_linear_recurrence
+from fnrl.normalize import rms_init, rms_normalize, rms_update, scale_rewards
+from fnrl.returns import gae
 
 ACT_KEYS = ("params", "obs_rms")
 """The state `act` reads (the training loop passes a compiled `act` only these: fewer guards)."""
@@ -145,18 +145,6 @@ def validate(config: Config, spec: EnvSpec | None = None) -> None:
     check_conv(config.conv)
 
 
-def _forward_return(reward, done, gamma, carry):
-    """Per-env discounted return R_t = r_t + c_{t-1} R_{t-1}, c_t = gamma (1 - done_t), R_{-1} c_{-1} = carry.
-
-    A forward recurrence, computed with the reverse scan on the time-flipped sequence.
-    reward, done: [T, B]; carry: [B]. Returns (R [T, B], the carry for the next rollout [B]).
-    """
-    decay = gamma * (~done).to(reward.dtype)
-    b = torch.cat([reward[:1] + carry, reward[1:]])
-    ret = reverse_linear_recurrence(b.flip(0), decay.flip(0).roll(-1, 0)).flip(0)
-    return ret, decay[-1] * ret[-1]
-
-
 def _permutations(seed: int, env_steps: int, epochs: int, size: int) -> torch.Tensor:
     """`epochs` random permutations of range(size) [epochs, size], a pure function of
     (seed, env_steps), `seed` the run's minibatch stream (`fnrl.rng.MINIBATCH`, held in the
@@ -251,10 +239,8 @@ def _preparation(config: Config, rnn, policy, observe, value_in_act: bool, T: in
         obs = observe(state, rollout["obs"])
         reward = rollout["reward"]
         if config.normalize_reward:
-            ret, new_state["ret"] = _forward_return(reward, rollout["done"], hp["gamma"], state["ret"])
-            rew_rms = rms_update(state["rew_rms"], ret.reshape(-1), rollout["valid"].reshape(-1))
-            reward = reward / torch.sqrt(rew_rms["var"] + 1e-8)
-            new_state["rew_rms"] = rew_rms
+            reward, new_state["rew_rms"], new_state["ret"] = scale_rewards(
+                state["rew_rms"], state["ret"], reward, rollout["done"], rollout["valid"], hp["gamma"])
         if config.normalize_obs:
             flat_obs = rollout["obs"].reshape(n, *rollout["obs"].shape[2:])
             new_state["obs_rms"] = rms_update(state["obs_rms"], flat_obs, rollout["valid"].reshape(n))
