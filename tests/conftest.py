@@ -21,6 +21,14 @@ def pytest_configure(config):
         torch.set_num_threads(len(share))
 
 
+def pytest_collection_modifyitems(config, items):
+    """The `slow` tests first, in their collected order, then the rest. pytest-xdist's worksteal hands
+    each worker a contiguous share and an idle worker takes the back half of a busy one's queue, so the
+    last tests to run are short ones: a learning test collected late (tests/test_learning_qpg.py) no
+    longer runs alone at the end while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _count_envs():
     from tests.helpers import register_count_envs
