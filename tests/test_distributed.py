@@ -207,7 +207,7 @@ def test_cli_nproc_2_writes_one_run_folder_from_rank_0(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.matrix   # two eager ranks on the two cores for 2.5 min: CI's time goes to the other tests
+@pytest.mark.matrix   # two eager ranks for about 2.5 minutes: CI's time goes to the other tests
 def test_cli_nproc_2_solves_cartpole(tmp_path):
     """A global 200k env steps (each rank's schedule is the single-process 100k one): the final
     evaluation (rank 0's, 10 episodes without exploration) is >= 450."""
