@@ -122,8 +122,9 @@ def _train(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the networks run")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="--compile: compile the update and acting steps before the first one; --no-compile: "
-                             "run them eagerly (default: tiered: PPO trains on the eager steps at once and switches "
-                             "to the compiled ones when a background process has built them; others compile first)")
+                             "run them eagerly (default: tiered: one feed-forward seed on the CPU trains on the eager "
+                             "steps at once and switches to the compiled ones when a background process has built "
+                             "them; other runs compile first)")
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
                         help="replay steps from CUDA graphs: the off-policy learner step; PPO's / A2C's update "
                              "and acting step (needs --device cuda; default: off)")

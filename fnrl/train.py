@@ -112,8 +112,9 @@ def plan_run(world, name: str, config=None, *, seed: int = 0, log_dir=None, devi
     compile: True compiles the update and acting before the first step; False runs them eagerly;
         "tiered" (the command line's default) trains on the eager steps at once while a builder
         process compiles them, and switches at an iteration boundary once they are ready
-        (`fnrl.accel.tiered`; PPO with a feed-forward policy on the CPU, one seed; other runs
-        compile first). progress.csv's `tier` column says which steps each row ran.
+        (`fnrl.accel.tiered`; one seed of a feed-forward policy on the CPU: PPO, the DQN family
+        and DDPG / TD3 / SAC with row replay; other runs compile first). progress.csv's `tier` column
+        says which steps each row ran.
     log_interval: env steps between log rows (default: about 100 rows per run).
     checkpoint_every: env steps between checkpoints (default: 10 per run, and the end).
     threads: torch intra-op threads (1 suits small networks on a few cores; None keeps

@@ -15,7 +15,7 @@ import torch
 from fnrl import envs, samplers
 from fnrl.accel import aot, tiered
 from fnrl.accel.options import AccelOptions
-from fnrl.algos import ppo
+from fnrl.algos import dqn, ppo
 from fnrl.errors import ConfigError
 from fnrl.presets import configure
 from fnrl.run.threads import intra_op_threads
@@ -27,6 +27,9 @@ T, B = 16, 4
 CONFIG = dataclasses.replace(configure("ppo")[0], num_envs=B, num_steps=T, num_minibatches=2, update_epochs=2,
                              total_steps=4 * T * B, adam_eps=1e-3, learning_rate=1e-4, anneal_clip=False)
 QUIET = dict(quiet=True, plot=False, tensorboard=False, eval_episodes=0, log_interval=T * B)
+# DQN's CartPole preset, small: 16 env steps an iteration, updates from the third one (4 of 16 rows)
+DQN = dataclasses.replace(configure("dqn")[0], hidden=(16,), num_envs=B, num_steps=4, batch_size=16, buffer_size=1000,
+                          learning_starts=32, total_steps=8 * 16, learning_rate=1e-4)
 
 
 @pytest.fixture
@@ -39,10 +42,10 @@ def builders(tmp_path, monkeypatch):
     return folder
 
 
-def _unlist(config) -> None:
+def _unlist(config, module=ppo) -> None:
     """Forget every listing of `config`'s steps (an earlier run of the suite's, say)."""
     spec = envs.make(config.env_id, config.num_envs, seed=list(range(config.num_envs))).spec
-    run = tiered._run_key((ppo, config, spec, AccelOptions()))
+    run = tiered._run_key((module, config, spec, AccelOptions()))
     for listing in (aot.cache_dir() / "tiers").glob(f"{run}-*.json"):
         listing.unlink(missing_ok=True)
 
@@ -126,14 +129,34 @@ def test_a_run_that_ends_first_leaves_its_builder_to_list_the_steps_for_the_next
     config = dataclasses.replace(CONFIG, total_steps=3 * T * B)
     _unlist(config)
     train("ppo", config, compile="tiered", log_dir=tmp_path / "first", **QUIET)
+    _wait_for_detached_builder(builders)
+    train("ppo", config, compile="tiered", log_dir=tmp_path / "second", **QUIET)
+    tiers = [r["tier"] for r in csv.DictReader(open(tmp_path / "second" / "progress.csv"))]
+    assert tiers == ["eager", "compiled", "compiled"]
+
+
+def _wait_for_detached_builder(builders) -> None:
     (folder,) = builders.iterdir()   # the builder still runs
     deadline = time.monotonic() + 900
     while folder.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not folder.exists()   # done, listed, and its folder removed
-    train("ppo", config, compile="tiered", log_dir=tmp_path / "second", **QUIET)
-    tiers = [r["tier"] for r in csv.DictReader(open(tmp_path / "second" / "progress.csv"))]
-    assert tiers == ["eager", "compiled", "compiled"]
+
+
+def test_an_off_policy_run_switches_before_its_updates_and_equals_the_eager_and_compiled_runs(builders, tmp_path):
+    """DQN: the first run starts its builder one eager iteration after updates begin and ends first;
+    the next run switches before its first updates to the listed acting, fused learner step and
+    replay write; its final state is the eager run's and the compiled run's to float tolerance."""
+    _unlist(DQN, dqn)
+    quiet = {**QUIET, "log_interval": 16}
+    train("dqn", DQN, compile="tiered", log_dir=tmp_path / "first", **quiet)
+    _wait_for_detached_builder(builders)
+    results = {mode: train("dqn", DQN, compile=mode, log_dir=tmp_path / str(mode), **quiet)
+               for mode in ("tiered", False, True)}
+    tiers = [r["tier"] for r in csv.DictReader(open(tmp_path / "tiered" / "progress.csv"))]
+    assert tiers == ["eager"] + ["compiled"] * 7   # the first iteration makes no update
+    _assert_close(results[False].state, results["tiered"].state)
+    _assert_close(results[True].state, results["tiered"].state)
 
 
 def test_a_run_ended_by_an_error_stops_its_builder(builders, tmp_path):
@@ -149,19 +172,21 @@ def test_a_run_ended_by_an_error_stops_its_builder(builders, tmp_path):
     assert not list(builders.iterdir())   # stopped, and its folder removed (a detached builder keeps it)
 
 
-def test_a_failed_build_leaves_the_run_eager_with_one_warning(builders, tmp_path, monkeypatch):
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_failed_build_leaves_the_run_eager_with_one_warning(builders, tmp_path, monkeypatch, algo):
     monkeypatch.setattr(tiered, "_builder_command",
                         lambda folder: [sys.executable, "-c", "import sys; sys.exit('no C++ compiler here')"])
-    config = dataclasses.replace(CONFIG, total_steps=300 * T * B)   # long enough for the builder to end first
-    _unlist(config)
+    module, config = (ppo, CONFIG) if algo == "ppo" else (dqn, DQN)
+    config = dataclasses.replace(config, total_steps=300 * T * B)   # long enough for the builder to end first
+    _unlist(config, module)
     with pytest.warns(UserWarning, match="no C.. compiler here.*goes on with the eager ones") as caught:
-        train("ppo", config, compile="tiered", log_dir=tmp_path / "run", **QUIET)
+        train(algo, config, compile="tiered", log_dir=tmp_path / "run", **QUIET)
     assert len([w for w in caught if "compiled steps" in str(w.message)]) == 1
     assert {r["tier"] for r in csv.DictReader(open(tmp_path / "run" / "progress.csv"))} == {"eager"}
     assert not list(builders.iterdir())   # the builder's folder is gone
 
 
-def test_tiering_applies_to_single_feed_forward_ppo_runs_on_the_cpu():
+def test_tiering_applies_to_single_feed_forward_runs_on_the_cpu():
     spec = envs.make(CONFIG.env_id, 1, seed=[0]).spec
     options = dict(single=True, sampler="serial", cuda_graphs=False)
     accel = AccelOptions()
@@ -171,9 +196,13 @@ def test_tiering_applies_to_single_feed_forward_ppo_runs_on_the_cpu():
     assert not tiered.applies(ppo, CONFIG, spec, "cpu", accel, **{**options, "single": False})
     assert not tiered.applies(ppo, CONFIG, spec, "cpu", accel, **{**options, "sampler": "graph"})
     assert not tiered.applies(ppo, CONFIG, dataclasses.replace(spec, obs_shape={"a": (2,)}), "cpu", accel, **options)
-    from fnrl.algos import dqn
+    from fnrl.algos import r2d1
 
-    assert not tiered.applies(dqn, dqn.Config(), spec, "cpu", accel, **options)
+    assert tiered.applies(dqn, dqn.Config(), spec, "cpu", accel, **options)   # the fused learner step's runs
+    assert not tiered.applies(dqn, dqn.Config(), spec, "cpu", dataclasses.replace(accel, fused_learner=False),
+                              **options)
+    assert not tiered.applies(dqn, dqn.Config(), dataclasses.replace(spec, is_atari=True), "cpu", accel, **options)
+    assert not tiered.applies(r2d1, r2d1.Config(), spec, "cpu", accel, **options)   # sequence replay
 
 
 def test_compile_takes_true_false_or_tiered(tmp_path):

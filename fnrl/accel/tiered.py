@@ -22,14 +22,24 @@ the last step of an on-policy iteration). A run that ends first leaves its build
 its own, so that the next run with these steps switches at its first update; a run stopped by a
 signal or an error stops its builder too.
 
-The tiers compute the same functions: eager and compiled acting draw the same random numbers
-(Inductor's `fallback_random`), the minibatch order comes from the seed and the env steps, and the
-update is the same arithmetic up to float rounding (`tests/test_tiered.py`). A builder that fails
-leaves the run on the eager tier with one warning. Tiering serves a run whose every step is one
-ahead-of-time model (`applies`); others compile before their first step, as `compile=True` does.
+An off-policy run (DQN family, DDPG / TD3 / SAC) goes the same way with its replay: the loop
+(`fnrl.loops.off_policy.ReplayLearner`) updates through `learner`'s steps and calls
+`before_updates` before each iteration's updates. The first such call looks for listed models,
+the second (one eager iteration later, for the pace) starts the builder on the state, the replay
+buffer and the last rollout; the compiled tier is acting, the fused learner step (`fnrl.learner`:
+replay draw, update and priorities in one model) and the replay write, three AOTInductor models,
+and the switch comes before an iteration's updates.
+
+The tiers compute the same functions: eager and compiled acting (and replay draws) take the same
+random numbers (Inductor's `fallback_random`), the minibatch order comes from the seed and the env
+steps, and the update is the same arithmetic up to float rounding (`tests/test_tiered.py`). A
+builder that fails leaves the run on the eager tier with one warning. Tiering serves a run whose
+every step is an ahead-of-time model (`applies`); others compile before their first step, as
+`compile=True` does.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -42,6 +52,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -55,13 +66,17 @@ listed build from an earlier run is still used)."""
 
 def applies(module, config, spec, device, accel, *, single: bool, sampler: str, cuda_graphs: bool) -> bool:
     """Whether a run's steps can be tiered: one seed in one process (`single`), the serial or
-    alternating sampler, an on-policy algorithm whose whole update is one ahead-of-time model
-    (`"compile" in SPEC.make_options`, a feed-forward policy, observations one tensor) on a device
-    those models serve."""
-    return (single and sampler in ("serial", "alternating") and not cuda_graphs and accel.ahead_of_time
-            and not module.SPEC.off_policy and "compile" in module.SPEC.make_options
+    alternating sampler, a feed-forward policy on observations that are one tensor, on a device
+    ahead-of-time models serve; and an on-policy algorithm whose whole update is one such model
+    (`"compile" in SPEC.make_options`), or an off-policy one whose compiled learner step is the
+    fused one (`fnrl.learner`: row replay, no frame-stacked Atari observations)."""
+    if not (single and sampler in ("serial", "alternating") and not cuda_graphs and accel.ahead_of_time
             and getattr(config, "core", "none") == "none" and not isinstance(spec.obs_shape, dict)
-            and aot.serves(torch.device(device)))
+            and aot.serves(torch.device(device))):
+        return False
+    if module.SPEC.off_policy:
+        return accel.fused_learner and module.SPEC.replay == "row" and not spec.is_atari
+    return "compile" in module.SPEC.make_options
 
 
 class TieredAgent:
@@ -69,7 +84,12 @@ class TieredAgent:
 
     module, config, spec, accel: what `fnrl.accel.compiled.make_agent` takes, for both tiers.
     tier: "eager" or "compiled", what the next step runs; last_tier: what the last update ran on;
-    switched_at: the env steps of the switch (None before it)."""
+    switched_at: the env steps of the switch (None before it).
+
+    An off-policy run's loop (`fnrl.loops.off_policy.ReplayLearner`) updates through `learner`'s
+    `learn` instead of `update`, and calls `before_updates` before each iteration's updates: the
+    compiled tier is then the compiled acting, the fused learner step (`fnrl.learner`) and the
+    compiled replay write, and the switch comes before an iteration's updates."""
 
     def __init__(self, module, config, spec, accel):
         self._how = (module, config, spec, accel)
@@ -83,7 +103,11 @@ class TieredAgent:
         self._folder = None     # the builder's job, log and manifest
         self._builder = None    # its process, while it runs
         self._t_first = None    # when the first acting call came
-        self._threads = [1, 1]  # torch's intra-op threads while acting and while updating
+        self._threads = [1, 1]  # torch's intra-op threads while acting and while updating (off-policy:
+        #                         and while adding to replay)
+        self._learn = None      # off-policy: the learner step of the tier that runs
+        self._learner = None    # off-policy: (batch size, prioritized), as `learner` was given them
+        self._first_updates = None   # off-policy: (time, env steps) at the first `before_updates`
 
     def act(self, state, obs, carry=None, explore: bool = True):
         if self._obs is None and carry is None and explore:
@@ -92,21 +116,71 @@ class TieredAgent:
         return self._act(state, obs, carry, explore)
 
     def update(self, state, rollout, *args):
+        if self._how[0].SPEC.off_policy:   # the loop updates through `learner`'s steps
+            return self._update(state, rollout, *args)
         self.last_tier = self.tier
         first = self._example is None and self._obs is not None and self.tier == "eager"
         if first:
             self._threads[1] = torch.get_num_threads()
             self._example = (state.clone(), rollout.clone(), self._obs)
-            self._key = _steps_key(self._how, *self._example, self._threads)
+            self._key = _steps_key(self._how, {"state": state, "rollout": rollout}, self._obs, self._threads)
             self._listing = _listed(self._key)
-        out = self._update(state, rollout, *args)
-        if first and self._listing is None and not (self._worth_building(out[0], rollout) and self._start()):
+        with self._beside_builder():
+            out = self._update(state, rollout, *args)
+        if first and self._listing is None and not (self._worth_building(out[0], rollout) and self._start(
+                {"state": state, "rollout": rollout, "obs": self._obs})):
             self._example = ()   # nothing to build: the run stays eager
-        if self._listing is not None:
-            self._switch(self._listing, out[0])
-        elif self._builder is not None and self._builder.poll() is not None:
-            self._switch(None, out[0])
+        if self._listing is not None or (self._builder is not None and self._builder.poll() is not None):
+            self._switch(self._listing, out[0], self._load_update)
         return out
+
+    def learner(self, batch_size: int, prioritized: bool) -> Callable:
+        """Off-policy runs: `learn(state, buffer, beta) -> (state, buffer, metrics)` as
+        `fnrl.learner.make_learner` makes it, on the tier that runs: the eager replay sample and
+        update, after the switch the fused compiled step."""
+        from fnrl import learner
+
+        self._learner = (batch_size, prioritized)
+        self._learn = learner.make_learner(self._update, batch_size, prioritized, fused=False)
+
+        def learn(state, buffer, beta: float):
+            self.last_tier = self.tier
+            with self._beside_builder():
+                return self._learn(state, buffer, beta)
+        return learn
+
+    def _beside_builder(self):
+        """While the builder runs, the eager steps update on one intra-op thread, leaving it a core
+        (the compiled steps get the loop's threads). On two cores, an eager DQN CartPole update on
+        both took as long as on one, at twice the CPU time, and its builder beside it took twice as
+        long as alone (`docs/decisions.md`)."""
+        return intra_op_threads(1) if self._builder is not None and self._builder.poll() is None else _NO_CHANGE
+
+    def before_updates(self, state, buffer, rollout, add_threads: int):
+        """Off-policy runs: called before each iteration's updates with the replay `buffer` and the
+        `rollout` last added to it (with `add_threads` intra-op threads). The first call switches to
+        the steps an earlier run listed, if any, and notes the time; the second, one eager iteration
+        later, starts the builder where the rest of the run would last `MIN_EAGER_S` at that pace;
+        later ones switch once it is done. Returns the state to go on with: after the switch a copy
+        (the compiled step writes into the state it is given, which must own its tensors)."""
+        if self.tier != "eager" or self._obs is None or self._example == ():
+            return state
+        env_steps = int(state["env_steps"].reshape(-1)[0])
+        if self._first_updates is None:
+            self._first_updates = (time.perf_counter(), env_steps)
+            self._threads = [self._threads[0], torch.get_num_threads(), add_threads]
+            self._key = _steps_key(self._how, {"state": state, "rollout": rollout, "storage": buffer.storage,
+                                               "rows": buffer.rows}, self._obs, self._threads)
+            listing = _listed(self._key)
+            return state if listing is None else self._switch_learner(listing, state, buffer, rollout)
+        if self._builder is None:
+            t, steps = self._first_updates
+            remaining = (self._how[1].total_steps - env_steps) / max(env_steps - steps, 1) * (time.perf_counter() - t)
+            job = {"state": state, "buffer": buffer, "rollout": rollout, "obs": self._obs, "learner": self._learner}
+            if not (remaining >= MIN_EAGER_S and self._start(job)):
+                self._example = ()   # nothing to build: the run stays eager
+            return state
+        return self._switch_learner(None, state, buffer, rollout) if self._builder.poll() is not None else state
 
     def close(self, interrupted: bool = False) -> None:
         """Remove the builder's folder. A builder that still runs is left to finish on its own (it
@@ -128,15 +202,15 @@ class TieredAgent:
         remaining = self._how[1].total_steps - int(state["env_steps"].reshape(-1)[0])
         return remaining / max(rollout.numel(), 1) * (time.perf_counter() - self._t_first) >= MIN_EAGER_S
 
-    def _start(self) -> bool:
-        """Start the builder (False, with one warning, where it cannot be started)."""
+    def _start(self, example: dict) -> bool:
+        """Start the builder on `example` (the arguments its steps are built for; False, with one
+        warning, where it cannot be started)."""
         module, config, spec, accel = self._how
-        state, rollout, obs = self._example
         try:
             self._folder = Path(tempfile.mkdtemp(prefix="fnrl-tier-"))
-            torch.save({"module": module.__name__, "config": config, "spec": spec, "accel": accel, "state": state,
-                        "rollout": rollout, "obs": obs, "key": self._key, "source": _source_digest(),
-                        "threads": self._threads}, self._folder / "job.pt")
+            torch.save({"module": module.__name__, "config": config, "spec": spec, "accel": accel, **example,
+                        "key": self._key, "source": _source_digest(), "threads": self._threads},
+                       self._folder / "job.pt")
             root = str(Path(__file__).resolve().parents[2])   # where this fnrl is imported from
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
             with open(self._folder / "log.txt", "wb") as log:
@@ -148,25 +222,37 @@ class TieredAgent:
             return False
         return True
 
-    def _switch(self, packages: dict | None, state) -> None:
-        """Load the models (`packages`, or the finished builder's) and act and update with them from
-        here on; on any failure, one warning and the eager tier for the rest of the run."""
+    def _switch(self, packages: dict | None, state, load: Callable[[dict], None]) -> bool:
+        """Load the models (`packages`, or the finished builder's) with `load` and run them from here
+        on (False: on any failure, one warning and the eager tier for the rest of the run)."""
         try:
             if packages is None:
                 code, self._builder = self._builder.returncode, None
                 if code != 0:
                     raise RuntimeError(_last_line(self._folder / "log.txt") or f"exit status {code}")
                 packages = json.loads((self._folder / "manifest.json").read_text())
-            act, update = _loaded(self._how, packages, self._threads, *self._example)
+            load(packages)
         except Exception as e:   # noqa: BLE001 - whatever stops the compiled tier leaves the run eager
             _unlist(self._key)
             _stays_eager(e)
-            return
+            self._example = ()   # for good: no other builder
+            return False
         finally:
             self._listing = None
             self.close()
-        self._act, self._update, self._example = act, update, None
+        self._example = None
         self.tier, self.switched_at = "compiled", int(state["env_steps"].reshape(-1)[0])
+        return True
+
+    def _load_update(self, packages: dict) -> None:
+        self._act, self._update = _loaded(self._how, packages, self._threads, *self._example)
+
+    def _switch_learner(self, packages: dict | None, state, buffer, rollout):
+        """`_switch` of an off-policy run: the state to go on with (a copy where it switched)."""
+        def load(packages):
+            self._act, self._learn = _loaded_learner(self._how, packages, self._threads, self._learner, state, buffer,
+                                                     rollout, self._obs)
+        return state.clone() if self._switch(packages, state, load) else state
 
 
 def _stays_eager(error: Exception) -> None:
@@ -180,6 +266,8 @@ def _builder_command(folder: Path) -> list[str]:
     the fnrl it imports is this one, put first on PYTHONPATH)."""
     return [sys.executable, "-P", "-m", "fnrl.accel.tiered", str(folder)]
 
+
+_NO_CHANGE = contextlib.nullcontext()
 
 _DETACHED: list = []
 """Builders whose runs have ended, still running (kept so that they are reaped when they end)."""
@@ -207,15 +295,15 @@ def _run_key(how) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _steps_key(how, state, rollout, obs, threads) -> str | None:
-    """`_run_key`, the layout of the first update's arguments and the threads of acting and of the
-    update (the models are built for them), as "RUNKEY-STEPSKEY"."""
+def _steps_key(how, arguments: dict, obs, threads) -> str | None:
+    """`_run_key`, the layout of the first update's arguments (TensorDicts by name: the state, the
+    rollout, a replay buffer's) and the threads of acting, of the update and of adding to replay
+    (the models are built for them), as "RUNKEY-STEPSKEY"."""
     run = _run_key(how)
     if run is None:
         return None
     leaves = {f"{name}/{key}": (tuple(t.shape), t.stride(), str(t.dtype))
-              for name, td in (("state", state), ("rollout", rollout))
-              for key, t in td.items(include_nested=True, leaves_only=True)}
+              for name, td in arguments.items() for key, t in td.items(include_nested=True, leaves_only=True)}
     text = f"{sorted(leaves.items())}|{tuple(obs.shape)}|{obs.stride()}|{obs.dtype}|threads {list(threads)}"
     return f"{run}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
@@ -268,6 +356,38 @@ def _loaded(how, packages: dict, threads, state, rollout, obs):
     return agent.act, agent.update
 
 
+def _loaded_learner(how, packages: dict, threads, learner_args, state, buffer, rollout, obs):
+    """(act, learn) of an off-policy run's compiled tier, their models loaded from `packages`:
+    acting once on the state, the fused learner step once on copies of the state and the replay
+    `buffer`, and the compiled replay write of `rollout` made ready for `buffer` (nothing written),
+    each with its `threads` (acting's, the update's, adding's)."""
+    from fnrl import learner, replay
+    from fnrl.accel.compiled import make_agent
+
+    module, config, spec, accel = how
+    with torch.random.fork_rng(devices=[]), aot.provided(packages, strict=True), aot.recording() as used:
+        agent = make_agent(module, config, spec, True, update_compiled_by_learner=True, accel=accel)
+        learn = learner.make_learner(agent.update, *learner_args, fused=True, ahead_of_time=True)
+        with intra_op_threads(threads[0]):
+            agent.act(state, obs, None, True)
+        with intra_op_threads(threads[1]):
+            learn(state.clone(), _buffer_copy(buffer), 1.0)
+        with intra_op_threads(threads[2]):
+            replay.prepare_write(buffer, rollout)
+    if set(used) != set(packages):
+        raise RuntimeError("the builder's models are not the ones the training process asks for")
+    return agent.act, learn
+
+
+def _buffer_copy(buffer):
+    """A replay buffer (`fnrl.replay.ReplayBuffer`) with copies of its tensors."""
+    import dataclasses
+
+    return dataclasses.replace(buffer, storage=buffer.storage.clone(), rows=buffer.rows.clone(),
+                               tree=buffer.tree.clone(), max_priority=buffer.max_priority.clone(),
+                               sampleable_count=buffer.sampleable_count.clone())
+
+
 def _last_line(path: Path) -> str:
     lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
@@ -297,15 +417,29 @@ def _build(folder: Path) -> None:
     (folder / "job.pt").unlink()
     if job["source"] != _source_digest():
         raise SystemExit("the builder imported another fnrl than the training process")
-    agent = make_agent(importlib.import_module(job["module"]), job["config"], job["spec"], True, accel=job["accel"])
-    acting_threads, update_threads = job["threads"]
-    with aot.recording() as acting, torch.random.fork_rng(devices=[]), intra_op_threads(acting_threads):
+    off_policy = "buffer" in job
+    agent = make_agent(importlib.import_module(job["module"]), job["config"], job["spec"], True,
+                       update_compiled_by_learner=off_policy, accel=job["accel"])
+    threads = job["threads"]
+    with aot.recording() as acting, torch.random.fork_rng(devices=[]), intra_op_threads(threads[0]):
         agent.act(job["state"], job["obs"], None, True)
-    with aot.recording() as updating, intra_op_threads(update_threads):
-        agent.update(job["state"], job["rollout"])
+    with aot.recording() as updating, intra_op_threads(threads[1]):
+        if off_policy:
+            from fnrl import learner
+
+            learner.make_learner(agent.update, *job["learner"], fused=True, ahead_of_time=True)(
+                job["state"].clone(), _buffer_copy(job["buffer"]), 1.0)
+        else:
+            agent.update(job["state"], job["rollout"])
+    writing = {}
+    if off_policy:   # the compiled replay write, where the run's adds have one
+        from fnrl import replay
+
+        with aot.recording() as writing, intra_op_threads(threads[2]):
+            replay.prepare_write(job["buffer"], job["rollout"])
     if len(acting) != 1 or len(updating) != 1:
         raise SystemExit("acting or the update is not one ahead-of-time model (see the warning above)")
-    packages = {**acting, **updating}
+    packages = {**acting, **updating, **writing}
     _list(job["key"], packages)
     tmp = folder / "manifest.json.tmp"
     tmp.write_text(json.dumps(packages))

@@ -1,6 +1,6 @@
 """The off-policy half of the serial loop: rollouts into replay, then the updates they paid for.
 
-    learner = ReplayLearner(plan, agent.update, env.spec, fused=True)
+    learner = ReplayLearner(plan, agent, env.spec, fused=True)
     learner.add(rollout)                                  # every collect
     state, metrics, n = learner.learn(state, env_steps)   # the updates due, n of them
 
@@ -9,18 +9,23 @@ run while the buffer can fill a batch; each draws from replay and updates (`fnrl
 the prioritized replay's exponent beta annealed linearly from `priority_beta` to 1 over the run.
 The replay is a row buffer (`fnrl.replay`), a sequence buffer for `SPEC.replay == "sequence"`
 algorithms (R2D1, `fnrl.replay.sequence`), or one of either per vmapped row (`fnrl.replay.multi`).
+A tiered agent (`fnrl.accel.tiered.TieredAgent`) gives the learner step of the tier that runs, and
+switches tiers before an iteration's updates.
 """
 from __future__ import annotations
 
+import torch
+
 from fnrl import learner as learner_steps
+from fnrl.accel.tiered import TieredAgent
 from fnrl.run.checkpoint import replay_to_save, resumed_replay
 
 
 class ReplayLearner:
-    """The replay buffer and learner step of one serial run (`plan`: `fnrl.run.plan.Plan`).
-    A resumed run starts from its checkpoint's buffer and update credit where it holds them."""
+    """The replay buffer and learner step of one serial run (`plan`: `fnrl.run.plan.Plan`) of
+    `agent`. A resumed run starts from its checkpoint's buffer and update credit where it holds them."""
 
-    def __init__(self, plan, update, spec, fused: bool, ahead_of_time: bool = True):
+    def __init__(self, plan, agent, spec, fused: bool, ahead_of_time: bool = True):
         from fnrl import replay
         from fnrl.replay import multi, sequence
 
@@ -28,10 +33,16 @@ class ReplayLearner:
         self.replay = multi if plan.rows else (sequence if plan.sequence_replay else replay)
         self.buffer, self.credit = (resumed_replay(plan.ckpt, plan.resume, plan.device) if plan.ckpt is not None
                                     else (None, 0.0))
-        self._learn = learner_steps.make_learner(update, self.config.batch_size, self.config.prioritized, fused=fused,
-                                   ahead_of_time=fused and ahead_of_time and plan.accel.ahead_of_time, replay=self.replay,
-                                   sample_options={} if plan.sequence_replay else {"compiled": plan.compile},
-                                   rows=bool(plan.rows), cuda_graph=plan.cuda_graphs)
+        self.tiered = agent if isinstance(agent, TieredAgent) else None
+        self._last = (None, 1)   # a tiered run's: the last rollout added, and the threads that added it
+        if self.tiered is not None:
+            self._learn = self.tiered.learner(self.config.batch_size, self.config.prioritized)
+            return
+        self._learn = learner_steps.make_learner(
+            agent.update, self.config.batch_size, self.config.prioritized, fused=fused,
+            ahead_of_time=fused and ahead_of_time and plan.accel.ahead_of_time, replay=self.replay,
+            sample_options={} if plan.sequence_replay else {"compiled": plan.compile}, rows=bool(plan.rows),
+            cuda_graph=plan.cuda_graphs)
 
     def add(self, rollout) -> None:
         """Put a collected rollout [T, width * B] into replay (made on the first call)."""
@@ -49,7 +60,10 @@ class ReplayLearner:
             return
         if self.buffer is None:
             self.buffer = init_replay(self.config, rollout, self.spec, plan.device, plan.rows)
-        self.buffer = self.replay.add(self.buffer, rollout, compiled=plan.compile, ahead_of_time=plan.accel.ahead_of_time)
+        compiled = plan.compile and (self.tiered is None or self.tiered.tier == "compiled")
+        self.buffer = self.replay.add(self.buffer, rollout, compiled=compiled, ahead_of_time=plan.accel.ahead_of_time)
+        if self.tiered is not None:
+            self._last = (rollout, torch.get_num_threads())
 
     def learn(self, state, env_steps: int, collected: int):
         """Run the updates due after `collected` more env steps (this rank's count now `env_steps`):
@@ -57,6 +71,8 @@ class ReplayLearner:
         config, metrics, n = self.config, None, 0
         if env_steps < config.learning_starts:
             return state, metrics, n
+        if self.tiered is not None:
+            state = self.tiered.before_updates(state, self.buffer, *self._last)
         self.credit += collected * config.replay_ratio
         beta = config.priority_beta + (1.0 - config.priority_beta) * env_steps / config.total_steps
         while self.credit >= 1.0 and self.replay.can_sample(self.buffer, config.batch_size):

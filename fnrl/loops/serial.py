@@ -43,7 +43,7 @@ def train_serial(plan, world) -> TrainResult:
         write_config_json(run_dir, plan.name, plan.seed, plan.run_config, plan.preset,
                           **({"num_seeds": plan.num_seeds, "sweep": plan.sweep} if rows else {}))
     state, counters = initial_state(plan, world, agent)
-    learner = ReplayLearner(plan, agent.update, env.spec, fused, world.size == 1) if plan.off_policy else None
+    learner = ReplayLearner(plan, agent, env.spec, fused, world.size == 1) if plan.off_policy else None
     evaluation = run_evaluation(plan, world, counters["env_steps"], run_dir)
     keeps_envs = world.size == 1 and hasattr(sampler, "state_dict")   # the graph sampler's tensors, in-process envs
     if keeps_envs and resumed and plan.ckpt.get("sampler_state") is not None:

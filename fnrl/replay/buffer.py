@@ -276,9 +276,8 @@ def add(buffer: ReplayBuffer, rollout: TensorDictBase, *, compiled: bool = False
     data = rollout.exclude("next_obs")
     if data.device != spec.device:   # a sampler's rollout states its device; a TensorDict without one is moved
         data = data.to(spec.device)
-    if compiled and not spec.frame_dedup and W >= spec.n_step and C >= T + spec.n_step:
-        args = (buffer.storage, buffer.rows, buffer.tree, buffer.max_priority, buffer.sampleable_count, data,
-                torch.scalar_tensor(W, dtype=torch.int64, device=spec.device))
+    if compiled and _writes_compiled(buffer, T):
+        args = _write_args(buffer, data)
         write = _aot_write(spec, args) if ahead_of_time and aot.serves(spec.device) else None
         if write is not None:
             write(*args)
@@ -324,6 +323,30 @@ def _write(spec: ReplaySpec, storage, rows, tree, max_priority, sampleable_count
 
 
 _COMPILED_WRITE = None
+
+
+def prepare_write(buffer: ReplayBuffer, rollout: TensorDictBase) -> bool:
+    """Build the ahead-of-time model that `add(buffer, rollout, compiled=True, ahead_of_time=True)`
+    writes with (inside `fnrl.accel.aot.provided`: load it), without writing anything: the buffer
+    is left as it is. False where such an add writes without a model (see `add`), or the model
+    cannot be built. A tiered run (`fnrl.accel.tiered`) loads it before its first compiled add."""
+    _check_rollout(buffer, rollout)
+    if not (_writes_compiled(buffer, rollout.batch_size[0]) and aot.serves(buffer.spec.device)):
+        return False
+    data = rollout.exclude("next_obs").to(buffer.spec.device)
+    return _aot_write(buffer.spec, _write_args(buffer, data)) is not None
+
+
+def _writes_compiled(buffer: ReplayBuffer, T: int) -> bool:
+    """Whether a compiled add of T steps writes with one graph (`add`'s rule)."""
+    spec = buffer.spec
+    return not spec.frame_dedup and buffer.steps_written >= spec.n_step and spec.rows_per_env >= T + spec.n_step
+
+
+def _write_args(buffer: ReplayBuffer, data: TensorDictBase) -> tuple:
+    """The tensors `_write` takes for writing `data` (the rollout without next_obs) into `buffer`."""
+    return (buffer.storage, buffer.rows, buffer.tree, buffer.max_priority, buffer.sampleable_count, data,
+            torch.scalar_tensor(buffer.steps_written, dtype=torch.int64, device=buffer.spec.device))
 
 
 def _compiled_write():
