@@ -146,6 +146,18 @@ def test_newest_rows_become_sampleable_after_next_add():
     assert (batch["next_obs"][sel, 0] == 102.).all() and (batch["discount"][sel] == 0.125).all()
 
 
+def test_a_clone_and_its_buffer_change_apart():
+    buffer = replay.add(replay.init(hand_built_rollout(), 48, n_step=3, gamma=0.5, prioritized=True),
+                        hand_built_rollout())
+    copy = replay.clone(buffer)
+    replay.update_priorities(copy, torch.tensor([0, 2]), torch.tensor([5.0, 7.0]))
+    copy = replay.add(copy, hand_built_rollout())
+    assert replay.num_sampleable(buffer) == 2 * len(HAND_TARGETS) and replay.size(buffer) == 24
+    assert replay.num_sampleable(copy) > replay.num_sampleable(buffer) and replay.size(copy) == 48
+    assert (buffer.rows["priority"][:12] == 1).all() and buffer.max_priority == 1
+    assert copy.max_priority > 1 and (copy.rows["priority"][:12] != 1).any()
+
+
 # ----------------------------------------------------------------------------- loop reference, wrap-around
 
 def sampleable_leaves(buffer):

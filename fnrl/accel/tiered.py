@@ -371,21 +371,12 @@ def _loaded_learner(how, packages: dict, threads, learner_args, state, buffer, r
         with intra_op_threads(threads[0]):
             agent.act(state, obs, None, True)
         with intra_op_threads(threads[1]):
-            learn(state.clone(), _buffer_copy(buffer), 1.0)
+            learn(state.clone(), replay.clone(buffer), 1.0)
         with intra_op_threads(threads[2]):
             replay.prepare_write(buffer, rollout)
     if set(used) != set(packages):
         raise RuntimeError("the builder's models are not the ones the training process asks for")
     return agent.act, learn
-
-
-def _buffer_copy(buffer):
-    """A replay buffer (`fnrl.replay.ReplayBuffer`) with copies of its tensors."""
-    import dataclasses
-
-    return dataclasses.replace(buffer, storage=buffer.storage.clone(), rows=buffer.rows.clone(),
-                               tree=buffer.tree.clone(), max_priority=buffer.max_priority.clone(),
-                               sampleable_count=buffer.sampleable_count.clone())
 
 
 def _last_line(path: Path) -> str:
@@ -425,10 +416,10 @@ def _build(folder: Path) -> None:
         agent.act(job["state"], job["obs"], None, True)
     with aot.recording() as updating, intra_op_threads(threads[1]):
         if off_policy:
-            from fnrl import learner
+            from fnrl import learner, replay
 
             learner.make_learner(agent.update, *job["learner"], fused=True, ahead_of_time=True)(
-                job["state"].clone(), _buffer_copy(job["buffer"]), 1.0)
+                job["state"].clone(), replay.clone(job["buffer"]), 1.0)
         else:
             agent.update(job["state"], job["rollout"])
     writing = {}

@@ -56,9 +56,9 @@ Frame deduplication (`frame_dedup=True`, EnvPool Atari uint8 [S, H, W] stacks) s
 the newest frame of each row (S times less memory) and rebuilds obs and next_obs stacks
 exactly as EnvPool 1.2.5 builds them: see `fnrl.replay.frames`.
 """
-from fnrl.replay.buffer import (ReplayBuffer, ReplaySpec, add, can_sample, draw, init, num_sampleable,
+from fnrl.replay.buffer import (ReplayBuffer, ReplaySpec, add, can_sample, clone, draw, init, num_sampleable,
                                 prepare_write, sample, set_priorities, size, update_priorities)
 from fnrl.replay import sequence  # sequence replay for recurrent agents (R2D1): fnrl.replay.sequence
 
 __all__ = ["ReplayBuffer", "ReplaySpec", "init", "add", "sample", "draw", "update_priorities", "set_priorities",
-           "size", "num_sampleable", "can_sample", "prepare_write", "sequence"]
+           "size", "num_sampleable", "can_sample", "clone", "prepare_write", "sequence"]

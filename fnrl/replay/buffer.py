@@ -378,6 +378,13 @@ def _aot_write(spec: ReplaySpec, args: tuple):
     return models[key]
 
 
+def clone(buffer: ReplayBuffer) -> ReplayBuffer:
+    """The buffer with copies of its tensors: adds and priority updates to one leave the other as it is."""
+    return dataclasses.replace(buffer, storage=buffer.storage.clone(), rows=buffer.rows.clone(),
+                               tree=buffer.tree.clone(), max_priority=buffer.max_priority.clone(),
+                               sampleable_count=buffer.sampleable_count.clone())
+
+
 def size(buffer: ReplayBuffer) -> int:
     """Number of rows stored (all envs), sampleable or not."""
     return min(buffer.steps_written, buffer.spec.rows_per_env) * buffer.spec.num_envs

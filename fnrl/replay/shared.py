@@ -140,7 +140,4 @@ class SharedReplay:
     def snapshot(self) -> ReplayBuffer:
         """A private deep copy of the buffer as it is between two writes (for checks and tests)."""
         with self.lock:
-            b = self._current()
-            return dataclasses.replace(b, storage=b.storage.clone(), rows=b.rows.clone(), tree=b.tree.clone(),
-                                       max_priority=b.max_priority.clone(),
-                                       sampleable_count=b.sampleable_count.clone())
+            return replay.clone(self._current())
