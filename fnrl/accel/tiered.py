@@ -361,13 +361,13 @@ def _loaded_learner(how, packages: dict, threads, learner_args, state, buffer, r
     acting once on the state, the fused learner step once on copies of the state and the replay
     `buffer`, and the compiled replay write of `rollout` made ready for `buffer` (nothing written),
     each with its `threads` (acting's, the update's, adding's)."""
-    from fnrl import learner, replay
+    from fnrl import replay
     from fnrl.accel.compiled import make_agent
 
     module, config, spec, accel = how
     with torch.random.fork_rng(devices=[]), aot.provided(packages, strict=True), aot.recording() as used:
         agent = make_agent(module, config, spec, True, update_compiled_by_learner=True, accel=accel)
-        learn = learner.make_learner(agent.update, *learner_args, fused=True, ahead_of_time=True)
+        learn = _compiled_learner(agent, learner_args)
         with intra_op_threads(threads[0]):
             agent.act(state, obs, None, True)
         with intra_op_threads(threads[1]):
@@ -377,6 +377,14 @@ def _loaded_learner(how, packages: dict, threads, learner_args, state, buffer, r
     if set(used) != set(packages):
         raise RuntimeError("the builder's models are not the ones the training process asks for")
     return agent.act, learn
+
+
+def _compiled_learner(agent, learner_args) -> Callable:
+    """The off-policy compiled tier's `learn`: the fused learner step of `agent.update` as one
+    ahead-of-time model (`fnrl.learner.make_learner`), for `learner_args` (batch size, prioritized)."""
+    from fnrl import learner
+
+    return learner.make_learner(agent.update, *learner_args, fused=True, ahead_of_time=True)
 
 
 def _last_line(path: Path) -> str:
@@ -416,10 +424,9 @@ def _build(folder: Path) -> None:
         agent.act(job["state"], job["obs"], None, True)
     with aot.recording() as updating, intra_op_threads(threads[1]):
         if off_policy:
-            from fnrl import learner, replay
+            from fnrl import replay
 
-            learner.make_learner(agent.update, *job["learner"], fused=True, ahead_of_time=True)(
-                job["state"].clone(), replay.clone(job["buffer"]), 1.0)
+            _compiled_learner(agent, job["learner"])(job["state"].clone(), replay.clone(job["buffer"]), 1.0)
         else:
             agent.update(job["state"], job["rollout"])
     writing = {}
