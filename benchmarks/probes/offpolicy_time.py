@@ -9,10 +9,10 @@ default: eager steps at once, the compiled ones once a builder process has made 
   run): a trailing mean over 100 Pendulum episodes spans the whole budget, so the threshold is
   judged on the final evaluation (10 episodes, the mean action): -200 or better.
 
-Cold: `FNRL_CACHE_DIR` and `TORCHINDUCTOR_CACHE_DIR` fresh and empty; warm: caches an earlier run of
-the same mode filled. Seconds are the whole process. Each run in its own process, the contenders in
-turns, round r with seed r (`time_to_solve.run_fnrl`, which waits for a builder that outlives its run
-before the next one starts).
+Cold: `FNRL_CACHE_DIR`, `TORCHINDUCTOR_CACHE_DIR` and `TMPDIR` (Inductor's precompiled headers) fresh
+and empty; warm: caches an earlier run of the same mode filled. Seconds are the whole process. Each
+run in its own process, the contenders in turns, round r with seed r (`time_to_solve.run_fnrl`, which
+waits for a builder that outlives its run before the next one starts).
 
     python benchmarks/probes/offpolicy_time.py [--rounds 3] [--only dqn,sac] [--modes tiered,compile,no-compile]
 """

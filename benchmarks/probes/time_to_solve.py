@@ -4,8 +4,9 @@ stable-baselines3 run the way a new user runs them.
 
 fnrl: `python -m fnrl train ppo --seed S --stop-return 475` (the CartPole preset; the run stops
 at the first log row whose trailing mean over the last 100 episodes is at least 475, then
-evaluates 10 episodes and plots, as a default run does). Cold: `FNRL_CACHE_DIR` and
-`TORCHINDUCTOR_CACHE_DIR` fresh and empty; warm: caches that an earlier run of the same mode
+evaluates 10 episodes and plots, as a default run does). Cold: `FNRL_CACHE_DIR`,
+`TORCHINDUCTOR_CACHE_DIR` and `TMPDIR` fresh and empty (Inductor keeps its precompiled headers in
+the temp dir, whatever `TORCHINDUCTOR_CACHE_DIR` says); warm: caches that an earlier run of the same mode
 filled (for the tiered mode, a run whose builder finished and listed its models). A tiered run
 that ends before its builder leaves the builder to finish; the next contender starts only once
 no builder runs (its extra seconds are reported).
@@ -112,7 +113,9 @@ def run_fnrl(flags: list[str], seed: int, caches: Path, train_args: tuple = ("pp
     """One `fnrl train *train_args --seed seed *flags` process with its compile caches in `caches`: its
     seconds, the last progress row's env steps, trailing return and final evaluation, and tiering."""
     run = Path(tempfile.mkdtemp()) / "run"
-    env = {**os.environ, "FNRL_CACHE_DIR": str(caches / "fnrl"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor")}
+    (caches / "tmp").mkdir(parents=True, exist_ok=True)   # Inductor's precompiled headers live under the temp dir
+    env = {**os.environ, "FNRL_CACHE_DIR": str(caches / "fnrl"), "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+           "TMPDIR": str(caches / "tmp")}
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "fnrl", "train", *train_args, "--seed", str(seed),
                     "--log-dir", str(run), *flags], env=env, check=True, stdout=subprocess.DEVNULL,
