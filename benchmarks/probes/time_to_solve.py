@@ -6,10 +6,10 @@ fnrl: `python -m fnrl train ppo --seed S --stop-return 475` (the CartPole preset
 at the first log row whose trailing mean over the last 100 episodes is at least 475, then
 evaluates 10 episodes and plots, as a default run does). Cold: `FNRL_CACHE_DIR`,
 `TORCHINDUCTOR_CACHE_DIR` and `TMPDIR` fresh and empty (Inductor keeps its precompiled headers in
-the temp dir, whatever `TORCHINDUCTOR_CACHE_DIR` says); warm: caches that an earlier run of the same mode
-filled (for the tiered mode, a run whose builder finished and listed its models). A tiered run
-that ends before its builder leaves the builder to finish; the next contender starts only once
-no builder runs (its extra seconds are reported).
+the temp dir, whatever `TORCHINDUCTOR_CACHE_DIR` says); warm: caches that an earlier run of the
+same mode filled (for the tiered mode, a run whose builder finished and listed its models). A
+tiered run that ends before its builder leaves the builder to finish; the next contender starts
+only once no builder runs (its extra seconds are reported).
 
 purejaxrl (`--purejaxrl DIR --jax-python PY`): its `purejaxrl/ppo.py` with CleanRL's settings (4
 envs x 128, 4 epochs x 4 minibatches, 500k steps, the whole training one jitted call), patched
