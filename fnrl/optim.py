@@ -254,9 +254,20 @@ def _zeros_like(params: TensorDictBase) -> TensorDictBase:
 
 def global_norm(tree: TensorDictBase) -> torch.Tensor:
     """||g|| = sqrt(sum over all leaves of sum g^2), a 0-d tensor."""
+    if torch.compiler.is_compiling():
+        return _norm_of_leaves(list(tree.values(include_nested=True, leaves_only=True)))
     # TensorDict.norm is one _foreach_norm, or one norm per leaf under torch.func.vmap
     leaf_norms = tree.norm().values(include_nested=True, leaves_only=True)
     return torch.linalg.vector_norm(torch.stack(list(leaf_norms)))
+
+
+def _norm_of_leaves(leaves: list[torch.Tensor]) -> torch.Tensor:
+    """The global norm of a list of tensors: one `_foreach_norm` eagerly; under compile per-leaf sums
+    of squares, which Inductor fuses (it has no lowering for `_foreach_norm`, and AOTInductor calls
+    it through its slow proxy fallback)."""
+    if torch.compiler.is_compiling():
+        return torch.stack([leaf.square().sum() for leaf in leaves]).sum().sqrt()
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(leaves)))
 
 
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
@@ -278,8 +289,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
 
 def _clip_leaves(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    return torch._foreach_mul(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
+    return torch._foreach_mul(grads, (max_norm / (_norm_of_leaves(grads) + 1e-6)).clamp(max=1.0))
 
 
 def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransformation:

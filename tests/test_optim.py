@@ -90,6 +90,24 @@ def test_clip_by_global_norm_hand_values():
     assert_td_close(unclipped, grads, rtol=0, atol=0)
 
 
+def test_global_norm_under_compile_is_sums_of_squares_inductor_can_fuse():
+    """Under compile the global norm (TensorDict and leaf-list forms) is per-leaf sums of squares, not
+    `_foreach_norm` (no Inductor lowering: AOTInductor calls it through its proxy fallback), with the same value."""
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    from fnrl.optim import _clip_leaves
+
+    grads = TensorDict({"a": torch.tensor([3.0, 0.0], dtype=F64), "b": {"c": torch.tensor([4.0], dtype=F64)}}, [])
+    backend = EagerAndRecordGraphs()
+    norm = torch.compile(global_norm, backend=backend, fullgraph=True)(grads)
+    clipped = torch.compile(_clip_leaves, backend=backend, fullgraph=True)([grads["a"], grads["b", "c"]], 1.0)
+    torch.testing.assert_close(norm, torch.tensor(5.0, dtype=F64), rtol=0, atol=0)
+    for got, want in zip(clipped, _clip_leaves([grads["a"], grads["b", "c"]], 1.0)):
+        torch.testing.assert_close(got, want)
+    targets = {node.target for graph in backend.graphs for node in graph.graph.nodes}
+    assert len(backend.graphs) == 2 and torch._foreach_norm not in targets
+
+
 def test_polyak_and_hard_update_hand_values():
     target = TensorDict({"w": torch.tensor([0.0, 10.0]), "net": {"b": torch.tensor(4.0)}}, [])
     online = TensorDict({"w": torch.tensor([1.0, 0.0]), "net": {"b": torch.tensor(0.0)}}, [])
