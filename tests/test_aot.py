@@ -36,6 +36,31 @@ def test_aot_function_equals_eager_and_writes_its_inputs_in_place():
         torch.testing.assert_close(got.to_dict(), expected, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(aot_state.to_dict(), eager_state.to_dict(), rtol=1e-6, atol=1e-6)
     assert aot_state["params", "w"] is w_tensor and int(aot_state["steps"]) == 3   # written in place
+    matched, got = model.call_if_matches(aot_state, x, lr)
+    assert matched and int(aot_state["steps"]) == 4 and set(got.keys()) == {"loss", "w_norm"}
+    assert model.call_if_matches(aot_state, torch.randn(4, 3), lr) == (False, None)   # another shape: not run
+    assert model.call_if_matches(aot_state, x) == (False, None) and int(aot_state["steps"]) == 4
+
+
+def test_outputs_rebuilt_without_pytree_are_pytrees_unflatten():
+    """A model's tuple of tensors and TensorDicts (nested, with batch sizes of their own) is rebuilt
+    by `_rebuilder` as `pytree.tree_unflatten` builds it: the same structure around the same tensors."""
+    from torch.utils import _pytree as pytree
+
+    example = (TensorDict({"params": {"w": torch.ones(3)}, "critics": TensorDict({"q": torch.ones(2, 4)}, [2]),
+                           "step": torch.zeros((), dtype=torch.int64)}, batch_size=[]),
+               torch.zeros(5), TensorDict({"loss": torch.ones(7)}, batch_size=[7]))
+    values, spec = pytree.tree_flatten(example)
+    build = aot._rebuilder(pytree.tree_unflatten(values, spec), values, spec)
+    fresh = [torch.randn(v.shape).to(v.dtype) for v in values]
+    rebuilt, expected = build(fresh), pytree.tree_unflatten(fresh, spec)
+    leaves, rebuilt_spec = pytree.tree_flatten(rebuilt)
+    assert rebuilt_spec == spec and all(a is b for a, b in zip(leaves, fresh))
+    assert rebuilt[0]["critics"].batch_size == torch.Size([2]) and rebuilt[2].batch_size == torch.Size([7])
+    assert (rebuilt[0] == expected[0]).all() and (rebuilt[2] == expected[2]).all()
+    with_dict = (torch.zeros(2), {"a": torch.ones(1)})   # a structure it does not build: pytree's unflatten
+    values, spec = pytree.tree_flatten(with_dict)
+    assert aot._rebuilder(with_dict, values, spec)(values)[1]["a"] is values[1]
 
 
 def test_aot_function_refuses_inputs_that_share_memory_and_non_tensor_args():

@@ -276,6 +276,7 @@ class AotFunction:
         self.out_keys: list | None = None   # None: a tensor; a list: the dict's keys
         self.out_spec = None                # a tuple's pytree structure
         self.returns_none = False
+        self.rebuild = None                 # the tuple's builder (`_rebuilder`), made at the first call
 
         def flat(*leaves):
             leaves, rebuilt = list(leaves), []
@@ -337,14 +338,73 @@ class AotFunction:
         return out
 
     def __call__(self, *args):
-        values = self.run(self.leaves(args))
+        return self._output(self.run(self.leaves(args)))
+
+    def call_if_matches(self, *args) -> tuple[bool, object]:
+        """`(True, self(*args))` where `args` match the built call (`matches`), else `(False, None)`,
+        reading the inputs' leaves once for both."""
+        try:
+            leaves = self.leaves(args)
+            matched = _layout(leaves) == self.layout
+        except (AttributeError, KeyError, TypeError):
+            matched = False
+        return (True, self._output(self.run(leaves))) if matched else (False, None)
+
+    def _output(self, values):
         if self.returns_none:
             return None
         if self.out_spec is not None:
-            return pytree.tree_unflatten(list(values), self.out_spec)
+            if self.rebuild is None:   # the first call: pytree's unflatten, and a faster builder for later calls
+                out = pytree.tree_unflatten(list(values), self.out_spec)
+                self.rebuild = _rebuilder(out, values, self.out_spec)
+                return out
+            return self.rebuild(values)
         if self.out_keys is None:
             return values[0]
         return TensorDict(dict(zip(self.out_keys, values)), batch_size=[])
+
+
+def _rebuilder(example, values, spec) -> Callable[[list], object]:
+    """A function of a model's flat outputs that builds `example`'s structure around them (a tuple
+    of tensors and TensorDicts, nested ones with their batch sizes and devices) in pytree's leaf
+    order, with the TensorDicts made without tensordict's checks of every value
+    (`TensorDict._new_unsafe`, where tensordict has it): `pytree.tree_unflatten`'s result at a
+    fraction of its Python. It is checked once against `example`, `values` unflattened with
+    `spec`; where it differs (a structure it does not know), pytree's unflatten stays."""
+    def builder(node):
+        if torch.is_tensor(node):
+            return lambda it: next(it)
+        if type(node) is tuple:
+            parts = [builder(n) for n in node]
+            return lambda it: tuple(part(it) for part in parts)
+        if type(node) is TensorDict:
+            keys = list(node.keys())
+            parts = [builder(node.get(k)) for k in keys]
+            batch_size, device = node.batch_size, node.device
+            return lambda it: _new_tensordict({k: part(it) for k, part in zip(keys, parts)}, batch_size, device)
+        raise TypeError(type(node).__name__)
+
+    def unflatten(flat):
+        return pytree.tree_unflatten(list(flat), spec)
+
+    try:
+        build = builder(example)
+        rebuilt = build(iter(values))
+        leaves, rebuilt_spec = pytree.tree_flatten(rebuilt)
+    except (TypeError, StopIteration):
+        return unflatten
+    if rebuilt_spec != spec or len(leaves) != len(values) or any(a is not b for a, b in zip(leaves, values)):
+        return unflatten
+    return lambda flat: build(iter(flat))
+
+
+_new_unsafe = getattr(TensorDict, "_new_unsafe", None)
+
+
+def _new_tensordict(items: dict, batch_size, device) -> TensorDict:
+    if _new_unsafe is None:
+        return TensorDict(items, batch_size=batch_size, device=device)
+    return _new_unsafe(items, batch_size=batch_size, device=device)
 
 
 def _canonical(out, reference=None):

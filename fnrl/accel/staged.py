@@ -65,8 +65,10 @@ def staged_update(iteration: Callable, prepare: Callable, steps: Callable, step:
             if whole is None:
                 whole = aot.function_or_none(subject, lambda *a: iteration(traceable, *a), model_args)
                 exporting = whole is not None
-            if exporting and whole.matches(*model_args):
-                return whole(*model_args)
+            if exporting:
+                matched, out = whole.call_if_matches(*model_args)
+                if matched:
+                    return out
         return iteration(pieces, *args)
 
     return run

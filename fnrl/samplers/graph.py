@@ -168,9 +168,7 @@ class GraphSampler:
                 self.model = aot.AotFunction(self._rollout, args, OPTIONS)
             except Exception as e:   # noqa: BLE001 - whatever stops the build: the eager scan
                 aot.warn_fallback("the graph sampler's rollout is", e, stacklevel=4, instead="collecting eagerly")
-        if self.model is not None and explore and self.model.matches(*args):
-            self.model(*args)
-        else:
+        if not (self.model is not None and explore and self.model.call_if_matches(*args)[0]):
             self._rollout(*args, explore=explore)
         return self.buffer.rollout
 
