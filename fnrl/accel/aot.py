@@ -391,7 +391,7 @@ def _rebuilder(example, values, spec) -> Callable[[list], object]:
         build = builder(example)
         rebuilt = build(iter(values))
         leaves, rebuilt_spec = pytree.tree_flatten(rebuilt)
-    except (TypeError, StopIteration):
+    except (TypeError, StopIteration, RuntimeError):   # RuntimeError: a StopIteration inside a tuple's builder
         return unflatten
     if rebuilt_spec != spec or len(leaves) != len(values) or any(a is not b for a, b in zip(leaves, values)):
         return unflatten
