@@ -17,13 +17,14 @@ kernel over all the leaves, with no per-tensor Python loop. Compile habits: use
 `params.to_module(...)` out of compiled code.
 
 Each transformation of this module also has `update_leaves`, the same arithmetic on flat lists
-of the leaves (`Layout`), which `fnrl.algos.common.gradient_step` runs in plain eager mode: one
-`torch._foreach_*` call per operation without rebuilding nested TensorDicts after each
-(`benchmarks/probes/eager_step.md`). A chain of [clip_by_global_norm], scale_by_adam and a
-learning rate also has `apply_leaves`, which eager steps run instead: the whole step as torch's
-fused Adam kernel, the same numbers up to float rounding. Under torch.compile and torch.func
-transforms the TensorDict `update` runs. A transformation without `update_leaves` (one of
-yours) is run through `update`.
+of the leaves (`Layout`), which `fnrl.algos.common.gradient_step` runs wherever the parameters
+have a `Layout`: in plain eager mode one `torch._foreach_*` call per operation without rebuilding
+nested TensorDicts after each (`benchmarks/probes/eager_step.md`); traced (torch.compile, export)
+or under a torch.func transform the same op leaf by leaf, which TorchDynamo traces in a fraction
+of the time of the TensorDict calls and torch.func.vmap batches. A chain of
+[clip_by_global_norm], scale_by_adam and a learning rate also has `apply_leaves`, which plain
+eager steps run instead: the whole step as torch's fused Adam kernel, the same numbers up to
+float rounding. A transformation without `update_leaves` (one of yours) is run through `update`.
 
 The optimizers are built like optax's, by chaining small transformations, and follow
 torch.optim's arithmetic step for step (tests compare them on an MLP in float64):
@@ -68,6 +69,8 @@ __all__ = [
     "adamw",
     "rmsprop",
     "apply_updates",
+    "apply_leaf_updates",
+    "plain_eager",
     "polyak",
     "hard_update",
 ]
@@ -159,6 +162,24 @@ def _unbatched(node: dict) -> TensorDict:
 # ---------------------------------------------------------------------------
 # state and schedules
 # ---------------------------------------------------------------------------
+
+
+def plain_eager() -> bool:
+    """True outside torch.compile and outside any torch.func transform (vmap, grad)."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
+
+
+def _each(op: str, *args, **kwargs) -> list[torch.Tensor]:
+    """`torch._foreach_<op>(*args, **kwargs)` over lists of leaves in plain eager mode: one call for
+    all the leaves. Else (traced, or under a torch.func transform) `torch.<op>` leaf by leaf: no
+    `_foreach_*` op has a torch.func.vmap batching rule, and Inductor fuses each leaf's chain of
+    ops into one kernel. Out of place only: Inductor cannot lower an in-place `_foreach_*` op
+    inside a `torch._higher_order_ops.scan` body."""
+    if plain_eager():
+        return getattr(torch, "_foreach_" + op)(*args, **kwargs)
+    fn = getattr(torch, op)
+    count = len(next(a for a in args if isinstance(a, (list, tuple))))
+    return [fn(*(a[i] if isinstance(a, (list, tuple)) else a for a in args), **kwargs) for i in range(count)]
 
 
 def _leaves(params: TensorDictBase | torch.Tensor) -> list[torch.Tensor]:
@@ -262,10 +283,10 @@ def global_norm(tree: TensorDictBase) -> torch.Tensor:
 
 
 def _norm_of_leaves(leaves: list[torch.Tensor]) -> torch.Tensor:
-    """The global norm of a list of tensors: one `_foreach_norm` eagerly; under compile per-leaf sums
-    of squares, which Inductor fuses (it has no lowering for `_foreach_norm`, and AOTInductor calls
-    it through its slow proxy fallback)."""
-    if torch.compiler.is_compiling():
+    """The global norm of a list of tensors: one `_foreach_norm` in plain eager mode; else per-leaf
+    sums of squares, which Inductor fuses (it has no lowering for `_foreach_norm`, and AOTInductor
+    calls it through its slow proxy fallback) and torch.func.vmap batches."""
+    if not plain_eager():
         return torch.stack([leaf.square().sum() for leaf in leaves]).sum().sqrt()
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(leaves)))
 
@@ -289,7 +310,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
 
 def _clip_leaves(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
-    return torch._foreach_mul(grads, (max_norm / (_norm_of_leaves(grads) + 1e-6)).clamp(max=1.0))
+    return _each("mul", grads, (max_norm / (_norm_of_leaves(grads) + 1e-6)).clamp(max=1.0))
 
 
 def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransformation:
@@ -309,8 +330,7 @@ def add_decayed_weights(weight_decay: float | torch.Tensor) -> GradientTransform
         return (grads, state) if off else (grads.add(needs(params).mul(weight_decay)), state)
 
     def update_leaves(grads, state, params, layout):
-        return (grads, state) if off else (torch._foreach_add(grads, torch._foreach_mul(needs(params), weight_decay)),
-                                           state)
+        return (grads, state) if off else (_each("add", grads, _each("mul", needs(params), weight_decay)), state)
 
     return GradientTransformation(_empty_state, update, update_leaves, (((), Stage("identity")),) if off else None)
 
@@ -337,8 +357,8 @@ def trace(momentum: float = 0.9, nesterov: bool = False) -> GradientTransformati
         return out, TensorDict({"momentum_buffer": buffer}, batch_size=[])
 
     def update_leaves(grads, state, params, layout):
-        buffer = torch._foreach_add(torch._foreach_mul(layout.leaves(state["momentum_buffer"]), momentum), grads)
-        out = torch._foreach_add(grads, buffer, alpha=momentum) if nesterov else buffer
+        buffer = _each("add", _each("mul", layout.leaves(state["momentum_buffer"]), momentum), grads)
+        out = _each("add", grads, buffer, alpha=momentum) if nesterov else buffer
         return out, TensorDict({"momentum_buffer": layout.tree(buffer)}, batch_size=[])
 
     return GradientTransformation(init, update, update_leaves)
@@ -373,14 +393,11 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
 
     def update_leaves(grads, state, params, layout):
         step, bias_correction1, bias_correction2_sqrt = corrections(state)
-        exp_avg = torch._foreach_lerp(layout.leaves(state["exp_avg"]), grads, 1.0 - b1)
-        exp_avg_sq = torch._foreach_mul(layout.leaves(state["exp_avg_sq"]), b2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1.0 - b2)
-        denom = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_div_(denom, bias_correction2_sqrt)
-        torch._foreach_add_(denom, eps)
-        out = torch._foreach_div(exp_avg, denom)
-        torch._foreach_div_(out, bias_correction1)
+        exp_avg = _each("lerp", layout.leaves(state["exp_avg"]), grads, 1.0 - b1)
+        exp_avg_sq = _each("mul", layout.leaves(state["exp_avg_sq"]), b2)
+        exp_avg_sq = _each("addcmul", exp_avg_sq, grads, grads, value=1.0 - b2)
+        denom = _each("add", _each("div", _each("sqrt", exp_avg_sq), bias_correction2_sqrt), eps)
+        out = _each("div", _each("div", exp_avg, denom), bias_correction1)
         return out, TensorDict({"step": step, "exp_avg": layout.tree(exp_avg), "exp_avg_sq": layout.tree(exp_avg_sq)},
                                batch_size=[])
 
@@ -414,17 +431,16 @@ def scale_by_rms(alpha: float = 0.99, eps: float = 1e-8, centered: bool = False)
         return grads.div(variance.sqrt().add(eps)), TensorDict(new_state, batch_size=[])
 
     def update_leaves(grads, state, params, layout):
-        square_avg = torch._foreach_mul(layout.leaves(state["square_avg"]), alpha)
-        torch._foreach_addcmul_(square_avg, grads, grads, value=1.0 - alpha)
+        square_avg = _each("addcmul", _each("mul", layout.leaves(state["square_avg"]), alpha), grads, grads,
+                           value=1.0 - alpha)
         new_state = {"square_avg": layout.tree(square_avg)}
         variance = square_avg
         if centered:
-            grad_avg = torch._foreach_lerp(layout.leaves(state["grad_avg"]), grads, 1.0 - alpha)
-            variance = torch._foreach_addcmul(square_avg, grad_avg, grad_avg, value=-1.0)
+            grad_avg = _each("lerp", layout.leaves(state["grad_avg"]), grads, 1.0 - alpha)
+            variance = _each("addcmul", square_avg, grad_avg, grad_avg, value=-1.0)
             new_state["grad_avg"] = layout.tree(grad_avg)
-        denom = torch._foreach_sqrt(variance)
-        torch._foreach_add_(denom, eps)
-        return torch._foreach_div(grads, denom), TensorDict(new_state, batch_size=[])
+        denom = _each("add", _each("sqrt", variance), eps)
+        return _each("div", grads, denom), TensorDict(new_state, batch_size=[])
 
     return GradientTransformation(init, update, update_leaves)
 
@@ -445,7 +461,7 @@ def scale_by_learning_rate(lr: ScalarOrSchedule) -> GradientTransformation:
 
     def update_leaves(grads, state, params, layout):
         rate, new_state = rate_and_state(state)
-        return torch._foreach_mul(grads, -rate), new_state
+        return _each("mul", grads, -rate), new_state
 
     return GradientTransformation(init, update, update_leaves, (((), Stage("rate", (rate_and_state,))),))
 
@@ -475,7 +491,7 @@ def scale_by_stored_learning_rate(lr: float, schedule: Schedule | None = None) -
 
     def update_leaves(grads, state, params, layout):
         rate, new_state = rate_and_state(state)
-        return torch._foreach_mul(grads, -rate), new_state
+        return _each("mul", grads, -rate), new_state
 
     return GradientTransformation(init, update, update_leaves, (((), Stage("rate", (rate_and_state,))),))
 
@@ -533,7 +549,7 @@ def _fused_adam(stages: tuple, update_leaves: Callable) -> Callable | None:
         if len(placements) != 1 or params[0].device.type not in _FUSED_ADAM_DEVICES \
                 or params[0].dtype not in (torch.float32, torch.float64):
             updates, new_state = update_leaves(grads, state, params, layout)
-            return torch._foreach_add(params, updates), new_state
+            return apply_leaf_updates(params, updates), new_state
         if clip is not None:
             grads = _clip_leaves(grads, clip)
         moments = _sub_state(state, adam_path)
@@ -622,6 +638,14 @@ def apply_updates(params: TensorDictBase, updates: TensorDictBase) -> TensorDict
     promote a 0-d float32 parameter (such as SAC's log-temperature) to float64.
     """
     return params.apply(lambda p, u: p + u.to(p.dtype), updates)
+
+
+def apply_leaf_updates(params: list[torch.Tensor], updates: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`apply_updates` on lists of leaves (`Layout`): each parameter plus its update, in the
+    parameter's dtype."""
+    if any(u.dtype != p.dtype for u, p in zip(updates, params)):
+        updates = [u.to(p.dtype) for u, p in zip(updates, params)]
+    return _each("add", params, updates)
 
 
 def polyak(target: TensorDictBase, online: TensorDictBase, tau: float | torch.Tensor) -> TensorDictBase:

@@ -414,6 +414,66 @@ def test_eager_gradient_step_on_leaves_equals_the_tensordict_update(name):
     assert list(state.keys(True)) == list(expected_state.keys(True))
 
 
+@pytest.mark.parametrize("name", [*MATCHES, "clip_adam"])
+def test_vmapped_gradient_step_runs_the_leaves_one_by_one_and_equals_each_row(name):
+    """Under torch.func.vmap `gradient_step` runs `update_leaves` leaf by leaf (no `_foreach_*` op
+    has a batching rule): each row ends where its own plain eager steps with the TensorDict
+    `update` do, to float rounding."""
+    from fnrl.algos.common import gradient_step
+
+    tx = chain(clip_by_global_norm(0.3), adam(1e-2)) if name == "clip_adam" else MATCHES[name][0]
+    net, rows = make_mlp(), 3
+    torch.manual_seed(4)
+    start = TensorDict.from_module(net).detach().clone()
+    start = torch.stack([start.apply(lambda p: p + 0.1 * torch.randn_like(p)) for _ in range(rows)])
+    batches = make_batches(STEPS)
+
+    def steps(params, tx):
+        state = tx.init(params)
+        for x, y in batches:
+            params, state, _ = gradient_step(lambda p: (mlp_loss(net, p, x, y), {}), params, tx, state)
+        return params, state
+
+    params, state = torch.func.vmap(lambda p: steps(p, tx))(start)
+    for row in range(rows):
+        expected_params, expected_state = steps(start[row], GradientTransformation(tx.init, tx.update))
+        assert_td_close(params[row], expected_params, rtol=1e-12, atol=1e-12)
+        assert_td_close(state[row], expected_state, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_gradient_steps_in_a_scan_run_the_leaves_and_equal_eager():
+    """Traced inside one compiled `scan_steps` (a `torch._higher_order_ops.scan` body), the
+    leaf-by-leaf `update_leaves` of clip + Adam with a schedule (all out of place: Inductor cannot
+    lower in-place `_foreach_*` ops there) equals plain eager steps, and a second call with new
+    values does not recompile."""
+    from fnrl.algos.common import gradient_step, scan_steps
+
+    net = make_mlp().float()
+    tx = chain(clip_by_global_norm(0.3), adam(linear_schedule(1e-2, 1e-3, 40)))
+    xs, ys = (torch.stack(t).float() for t in zip(*make_batches(20)))
+
+    def train(params, state, xs, ys):
+        def step(carry, xy):
+            params, state = carry
+            params, state, metrics = gradient_step(lambda p: (mlp_loss(net, p, xy[:, :4], xy[:, 4:]), {}), params, tx,
+                                                   state)
+            return (params, state), metrics
+
+        return scan_steps(step, (params, state), torch.cat([xs, ys], -1))
+
+    params = TensorDict.from_module(net).detach().clone()
+    state = tx.init(params)
+    compiled = torch.compile(train, fullgraph=True)
+    for call in range(2):
+        with torch._dynamo.config.patch(error_on_recompile=call > 0):
+            (params_compiled, state_compiled), losses_compiled = compiled(params, state, xs, ys)
+        (params_eager, state_eager), losses_eager = train(params, state, xs, ys)
+        torch.testing.assert_close(losses_compiled["loss"], losses_eager["loss"], rtol=1e-5, atol=1e-6)
+        assert_td_close(params_compiled, params_eager, rtol=1e-5, atol=1e-6)
+        assert_td_close(state_compiled, state_eager, rtol=1e-5, atol=1e-6)
+        params, state = params_eager, state_eager
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", ["adam", "clip_adam", "stored_rate"])
 def test_fused_adam_equals_the_unfused_step(name, dtype):
