@@ -111,28 +111,33 @@ class GradientTransformation(NamedTuple):
 class Layout:
     """The leaves of a parameter TensorDict as a flat list and back: `leaves(td)` lists the
     leaves of a TensorDict of the same structure (parameters, gradients, an optimizer's moments)
-    in one order, and `tree(leaves)` builds such a TensorDict from a list.
+    in one order, and `tree(leaves)` builds such a TensorDict from a list, its nested TensorDicts
+    with their batch sizes (stacked critics [K]).
 
-    `Layout.of(params)` is None where the list form does not apply: a leaf that is not floating
-    point, or a nested TensorDict with a batch size of its own (stacked critics) or with no leaves."""
+    `Layout.of(params)` is None where the list form does not apply: parameters with a batch size,
+    a leaf that is not floating point, or a nested TensorDict with no leaves."""
 
-    def __init__(self, keys: list):
+    def __init__(self, keys: list, sizes: dict | None = None):
         self.keys = keys
+        self.sizes = sizes or {}
 
     @classmethod
     def of(cls, params: TensorDictBase) -> "Layout | None":
         if params.batch_size != ():
             return None
-        keys = []
+        keys, sizes = [], {}
         for key, value in params.items(include_nested=True):
+            key = key if isinstance(key, tuple) else (key,)
             if isinstance(value, TensorDictBase):
-                if value.batch_size != () or value.is_empty():   # tree() would drop an empty node
+                if value.is_empty():   # tree() would drop an empty node
                     return None
+                if value.batch_size != ():
+                    sizes[key] = value.batch_size
             elif not value.is_floating_point():
                 return None
             else:
-                keys.append(key if isinstance(key, tuple) else (key,))
-        return cls(keys)
+                keys.append(key)
+        return cls(keys, sizes)
 
     def leaves(self, td: TensorDictBase) -> list[torch.Tensor]:
         return [td.get(key) for key in self.keys]
@@ -144,19 +149,20 @@ class Layout:
             for part in key[:-1]:
                 node = node.setdefault(part, {})
             node[key[-1]] = leaf
-        return _unbatched(root)
+        return _tree(root, self.sizes, ())
 
 
 _SCALAR = torch.Size([])
 _new_unsafe = getattr(TensorDict, "_new_unsafe", None)
 
 
-def _unbatched(node: dict) -> TensorDict:
-    """The TensorDict (batch size [], no device) of nested dicts of tensors: built without
-    tensordict's checks of every value where it offers that (`TensorDict._new_unsafe`; the
-    layouts' keys and leaves are known good)."""
-    items = {k: _unbatched(v) if type(v) is dict else v for k, v in node.items()}
-    return TensorDict(items, batch_size=[]) if _new_unsafe is None else _new_unsafe(items, batch_size=_SCALAR)
+def _tree(node: dict, sizes: dict, path: tuple) -> TensorDict:
+    """The TensorDict (no device) of nested dicts of tensors, the node at `path` with batch size
+    `sizes.get(path, [])`: built without tensordict's checks of every value where it offers that
+    (`TensorDict._new_unsafe`; the layouts' keys and leaves are known good)."""
+    items = {k: _tree(v, sizes, (*path, k)) if type(v) is dict else v for k, v in node.items()}
+    size = sizes.get(path, _SCALAR)
+    return TensorDict(items, batch_size=size) if _new_unsafe is None else _new_unsafe(items, batch_size=size)
 
 
 # ---------------------------------------------------------------------------

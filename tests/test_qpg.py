@@ -286,6 +286,41 @@ def test_one_adam_with_group_rates_equals_separate_adams():
     assert_td_close(p_joint, p_sep, rtol=1e-12, atol=1e-12)
 
 
+def test_gradient_steps_on_leaves_with_stacked_critics_equal_the_tensordict_steps():
+    """SAC's parameters (stacked critics [2], a 0-d log temperature) have a `Layout`, and Adam with
+    group rates has `update_leaves`: plain eager `gradient_step`s on the leaves end on the same
+    parameters and state, bit for bit, as the TensorDict update, with the same structure."""
+    from fnrl.algos.common import gradient_step
+
+    g = torch.Generator().manual_seed(0)
+    critic = torch.stack([TensorDict({"w": torch.randn(3, 2, generator=g), "b": torch.randn(2, generator=g)}, [])
+                          for _ in range(2)])
+    params = TensorDict({"actor": {"w": torch.randn(3, 2, generator=g)}, "critic": critic,
+                         "log_alpha": torch.zeros(())}, [])
+    layout = optim.Layout.of(params)
+    assert layout is not None and layout.tree(layout.leaves(params)).batch_size == ()
+    assert layout.tree(layout.leaves(params))["critic"].batch_size == (2,)
+    tx = optim.chain(optim.scale_by_adam(), qpg.scale_by_group_learning_rate({"actor": 3e-4, "critic": 1e-3,
+                                                                             "log_alpha": 3e-4}))
+    plain = optim.GradientTransformation(tx.init, tx.update)
+    xs = [torch.randn(5, 3, generator=g) for _ in range(3)]
+
+    def loss(p, x):
+        q = torch.einsum("ni,kio->kno", x, p["critic", "w"]) + p["critic", "b"][:, None]
+        return (x @ p["actor", "w"]).square().mean() + q.tanh().mean() + p["log_alpha"].exp(), {}
+
+    results = []
+    for opt in (tx, plain):
+        p, state = params.clone(), opt.init(params)
+        for x in xs:
+            p, state, _ = gradient_step(loss, p, opt, state, x)
+        results.append((p, state))
+    (p_leaves, s_leaves), (p_tree, s_tree) = results
+    assert (p_leaves == p_tree).all() and (s_leaves == s_tree).all()
+    assert p_leaves["critic"].batch_size == p_tree["critic"].batch_size == (2,)
+    assert list(p_leaves.keys(True, True)) == list(p_tree.keys(True, True))
+
+
 # ---------------------------------------------------------------------------
 # update: delays, targets, temperature, normalization
 # ---------------------------------------------------------------------------

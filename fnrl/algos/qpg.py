@@ -352,7 +352,10 @@ def scale_by_group_learning_rate(rates: dict[str, float]) -> optim.GradientTrans
     def update(grads, state, params=None):
         return TensorDict({k: grads.get(k).mul(-state[k]) for k in grads.keys()}, batch_size=[]), state
 
-    return optim.GradientTransformation(init, update)
+    def update_leaves(grads, state, params, layout):
+        return [g.mul(-state[key[0]]) for g, key in zip(grads, layout.keys)], state
+
+    return optim.GradientTransformation(init, update, update_leaves)
 
 
 def _categorical_mean(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
