@@ -20,8 +20,8 @@ Each transformation of this module also has `update_leaves`, the same arithmetic
 of the leaves (`Layout`), which `fnrl.algos.common.gradient_step` runs wherever the parameters
 have a `Layout`: in plain eager mode one `torch._foreach_*` call per operation without rebuilding
 nested TensorDicts after each (`benchmarks/probes/eager_step.md`); traced (torch.compile, export)
-or under a torch.func transform the same op leaf by leaf, which TorchDynamo traces in a fraction
-of the time of the TensorDict calls and torch.func.vmap batches. A chain of
+or under a torch.func transform the same op leaf by leaf, which TorchDynamo traces faster than
+the TensorDict calls and torch.func.vmap batches. A chain of
 [clip_by_global_norm], scale_by_adam and a learning rate also has `apply_leaves`, which plain
 eager steps run instead: the whole step as torch's fused Adam kernel, the same numbers up to
 float rounding. A transformation without `update_leaves` (one of yours) is run through `update`.

@@ -96,8 +96,8 @@ def gradient_step(loss_fn: Callable, params: TensorDict, opt, opt_state: TensorD
 
     Where the parameters have a `fnrl.optim.Layout` and the optimizer has `update_leaves`, the
     step runs on the list of leaves (the same numbers): eagerly through plain autograd and
-    `torch._foreach_*` calls, traced through `torch.func.grad_and_value` of the list, which
-    TorchDynamo traces in about half the time of the TensorDict pytrees.
+    `torch._foreach_*` calls, traced through `torch.func.grad_and_value` of the list and per-leaf
+    ops, which TorchDynamo traces faster than the TensorDict pytrees (`docs/performance.md`).
     """
     on_leaves = getattr(opt, "update_leaves", None) is not None and _gradient_reducer is None
     layout = Layout.of(params) if on_leaves else None
