@@ -13,11 +13,12 @@ What a run turns on or off is `fnrl.accel.AccelOptions`, passed in.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
 from fnrl.accel import aot
-from fnrl.accel.inductor import compile_with_cpp_wrapper_on_cpu
+from fnrl.accel.inductor import compile_on_first_call, compile_with_cpp_wrapper_on_cpu
 from fnrl.accel.options import AccelOptions, resolve
 
 
@@ -46,8 +47,8 @@ def make_agent(module, config, spec, compile: bool, update_compiled_by_learner: 
 
 
 def compile_update(update):
-    """An update compiled whole: one graph (`fullgraph`), static shapes."""
-    return torch.compile(update, fullgraph=True, dynamic=False)
+    """An update compiled whole: one graph (`fullgraph`), static shapes (at its first call)."""
+    return compile_on_first_call(update, fullgraph=True, dynamic=False)
 
 
 def act_randomness(algorithm) -> dict:
@@ -96,13 +97,15 @@ def steady(warm: bool):
 class HeldStance:
     """`steady`'s stance entered once the loop is warm and kept across its iterations (entering and
     leaving it each iteration would cost a measurable share of a small step's Python); `release`
-    leaves it for logging, evaluation and checkpoints, and the next `hold` enters it again."""
+    leaves it for logging, evaluation and checkpoints, and the next `hold` enters it again. A process
+    that has not imported TorchDynamo has compiled nothing with it, so there are no guards to skip:
+    `hold` waits until it is imported (a tiered run's eager tier never imports it)."""
 
     def __init__(self):
         self._stance = None
 
     def hold(self, warm: bool) -> None:
-        if warm and self._stance is None:
+        if warm and self._stance is None and "torch._dynamo" in sys.modules:
             self._stance = steady(True)
             self._stance.__enter__()
 

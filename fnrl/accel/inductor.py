@@ -44,6 +44,19 @@ def first_tensor(*args) -> torch.Tensor:
     raise TypeError("no tensor among the arguments")
 
 
+def compile_on_first_call(fn, **compile_kwargs):
+    """`torch.compile(fn, **compile_kwargs)`, made at the first call: a function that is never called
+    (e.g. the pieces of an update that an ahead-of-time model serves) never imports TorchDynamo."""
+    compiled = None
+
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(fn, **compile_kwargs)
+        return compiled(*args, **kwargs)
+    return call
+
+
 def compile_with_cpp_wrapper_on_cpu(fn, options: dict | None = None, **compile_kwargs):
     """`torch.compile(fn, options=options, **compile_kwargs)`, compiled once per device type of
     its first tensor argument, with Inductor's `cpp_wrapper` (the graph's calls made from C++

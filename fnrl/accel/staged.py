@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from fnrl.accel import aot
+from fnrl.accel.inductor import compile_on_first_call
 
 
 def scan_on(device: torch.device) -> bool:
@@ -51,8 +52,8 @@ def staged_update(iteration: Callable, prepare: Callable, steps: Callable, step:
     pieces = traceable = (prepare, steps(step), finish)
     loop_pieces = None
     if compile:
-        pieces = tuple(torch.compile(f, fullgraph=True, dynamic=False) for f in pieces)
-        loop_pieces = (pieces[0], steps(torch.compile(step, fullgraph=True, dynamic=False)), pieces[2])
+        pieces = tuple(compile_on_first_call(f, fullgraph=True, dynamic=False) for f in pieces)
+        loop_pieces = (pieces[0], steps(compile_on_first_call(step, fullgraph=True, dynamic=False)), pieces[2])
     whole = None   # the iteration as one AOTInductor model (`aot.AotFunction`), built at the first call
     exporting = compile and ahead_of_time
 

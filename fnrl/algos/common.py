@@ -15,11 +15,6 @@ from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
 from fnrl.optim import Layout, apply_leaf_updates, apply_updates, plain_eager
 
-# Every config compiles the same closures (one code object per function of `make`) with static
-# shapes, so one process that trains or tests many configs needs more than Dynamo's default of
-# 8 graphs per function; past the limit a fullgraph compile fails outright.
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-
 
 class ActionDist(NamedTuple):
     """The policy distribution of an action space, as pure functions of `dist`.
