@@ -45,8 +45,9 @@ def test_dynamo_imported_later_gets_tensordicts_marks_and_fnrls_settings():
         assert torch.compiler.allow_in_graph is not _dynamo._keep   # tensordict's import left it as it was
         import torch._dynamo
         from torch._dynamo import trace_rules
+        finder_left = not any(isinstance(f, _dynamo._Finder) for f in sys.meta_path)
         print(all(trace_rules.is_callable_allowed(fn) for fn in kept), _dynamo._kept == [],
-              torch._dynamo.config.recompile_limit >= 64, not any(isinstance(f, _dynamo._Finder) for f in sys.meta_path))
+              torch._dynamo.config.recompile_limit >= 64, finder_left)
     """)
     assert out.split() == ["True"] * 4
 
