@@ -3,8 +3,8 @@
 tensordict marks a few functions for TorchDynamo when it is imported (`torch.compiler.allow_in_graph`
 on functorch's batching calls and `_foreach_copy_`, `assume_constant_result` on one of its own),
 and each mark imports `torch._dynamo`: most of tensordict's import time, paid by every eager run
-and every tool that never compiles. `install()` (called by `fnrl/__init__.py`, importing nothing itself) puts a finder
-on `sys.meta_path` that
+and every tool that never compiles. `install()` (called by `fnrl/__init__.py`, importing nothing
+itself) puts a finder on `sys.meta_path` that
 
 - imports tensordict with those marks taken without TorchDynamo: `assume_constant_result`
   sets the attribute TorchDynamo's own sets, `allow_in_graph` is kept to be made;
