@@ -1,6 +1,16 @@
-"""Test-only environments with hand-checkable episodes."""
+"""Test-only environments with hand-checkable episodes, and an optimizer wrapper."""
 import gymnasium as gym
 import numpy as np
+
+from fnrl.optim import GradientTransformation
+
+
+def leaves_only(tx: GradientTransformation) -> GradientTransformation:
+    """`tx` with a TensorDict `update` that refuses to run: a step that succeeds ran `update_leaves`."""
+    def refuse(*args):
+        raise AssertionError("the TensorDict update ran")
+
+    return GradientTransformation(tx.init, refuse, tx.update_leaves)
 
 
 class CountEnv(gym.Env):

@@ -24,6 +24,7 @@ from fnrl.optim import (
     rmsprop,
     sgd,
 )
+from tests.helpers import leaves_only
 
 F64 = torch.float64
 STEPS = 100
@@ -412,14 +413,6 @@ def test_eager_gradient_step_on_leaves_equals_the_tensordict_update(name):
     assert (params == expected_params).all() and (state == expected_state).all() and torch.equal(loss, expected_loss)
     assert list(params.keys(True, True)) == list(expected_params.keys(True, True))
     assert list(state.keys(True)) == list(expected_state.keys(True))
-
-
-def leaves_only(tx: GradientTransformation) -> GradientTransformation:
-    """`tx` with a TensorDict `update` that refuses to run: a step that succeeds ran `update_leaves`."""
-    def refuse(*args):
-        raise AssertionError("the TensorDict update ran")
-
-    return GradientTransformation(tx.init, refuse, tx.update_leaves)
 
 
 @pytest.mark.parametrize("name", [*MATCHES, "clip_adam"])
