@@ -1,7 +1,7 @@
 """`python -m fnrl ...` is the `fnrl` command (so `torchrun ... -m fnrl train ...` works)."""
 import sys
 
-from fnrl.cli import main
+from fnrl.cli import command_line
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command_line())

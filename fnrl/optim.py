@@ -40,11 +40,14 @@ evaluated at the number of updates already done (0 on the first update), like
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, NamedTuple, Union
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+
+from fnrl.tensordicts import entries, leaf_reader, unchecked_tensordict
 
 __all__ = [
     "GradientTransformation",
@@ -120,27 +123,19 @@ class Layout:
     def __init__(self, keys: list, sizes: dict | None = None):
         self.keys = keys
         self.sizes = sizes or {}
+        self._readers = [leaf_reader(key) for key in keys]
 
     @classmethod
     def of(cls, params: TensorDictBase) -> "Layout | None":
         if params.batch_size != ():
             return None
         keys, sizes = [], {}
-        for key, value in params.items(include_nested=True):
-            key = key if isinstance(key, tuple) else (key,)
-            if isinstance(value, TensorDictBase):
-                if value.is_empty():   # tree() would drop an empty node
-                    return None
-                if value.batch_size != ():
-                    sizes[key] = value.batch_size
-            elif not value.is_floating_point():
-                return None
-            else:
-                keys.append(key)
-        return cls(keys, sizes)
+        if not _walk(params, (), keys, sizes):
+            return None
+        return _layout(cls, tuple(keys), tuple(sizes.items()))
 
     def leaves(self, td: TensorDictBase) -> list[torch.Tensor]:
-        return [td.get(key) for key in self.keys]
+        return [read(td) for read in self._readers]
 
     def tree(self, leaves: list[torch.Tensor]) -> TensorDict:
         root: dict = {}
@@ -152,17 +147,37 @@ class Layout:
         return _tree(root, self.sizes, ())
 
 
+@functools.lru_cache(maxsize=64)
+def _layout(cls, keys: tuple, sizes: tuple) -> Layout:
+    """One `Layout` per structure: its leaf readers are made once."""
+    return cls(list(keys), dict(sizes))
+
+
+def _walk(td: TensorDictBase, prefix: tuple, keys: list, sizes: dict) -> bool:
+    """Append the key tuples of `td`'s leaves to `keys` in `td.keys(include_nested=True,
+    leaves_only=True)`'s order and note the batch size of each nested TensorDict that has one in
+    `sizes`; False where a leaf is not floating point or a nested TensorDict has no leaves."""
+    for name, value in entries(td):
+        key = (*prefix, name)
+        if isinstance(value, TensorDictBase):
+            count = len(keys)
+            if not _walk(value, key, keys, sizes) or len(keys) == count:   # tree() would drop an empty node
+                return False
+            if value.batch_dims:
+                sizes[key] = value.batch_size
+        elif not value.is_floating_point():
+            return False
+        else:
+            keys.append(key)
+    return True
+
+
 _SCALAR = torch.Size([])
-_new_unsafe = getattr(TensorDict, "_new_unsafe", None)
-
-
 def _tree(node: dict, sizes: dict, path: tuple) -> TensorDict:
     """The TensorDict (no device) of nested dicts of tensors, the node at `path` with batch size
-    `sizes.get(path, [])`: built without tensordict's checks of every value where it offers that
-    (`TensorDict._new_unsafe`; the layouts' keys and leaves are known good)."""
+    `sizes.get(path, [])` (`unchecked_tensordict`: the layouts' keys and leaves are known good)."""
     items = {k: _tree(v, sizes, (*path, k)) if type(v) is dict else v for k, v in node.items()}
-    size = sizes.get(path, _SCALAR)
-    return TensorDict(items, batch_size=size) if _new_unsafe is None else _new_unsafe(items, batch_size=size)
+    return unchecked_tensordict(items, sizes.get(path, _SCALAR))
 
 
 # ---------------------------------------------------------------------------

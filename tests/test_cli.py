@@ -32,6 +32,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert message in err and len(err.splitlines()) == 1
 
 
+def test_the_command_freezes_what_is_left_after_main_and_main_alone_does_not(monkeypatch):
+    import gc
+
+    from fnrl import cli
+
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(cli, "main", lambda argv=None: calls.append("main") or 7)
+    assert cli.command_line() == 7 and calls == ["main", "freeze"]
+    monkeypatch.undo()
+    before = gc.get_freeze_count()
+    assert main(["frobnicate"]) == 2 and gc.get_freeze_count() == before
+
+
 def test_train_writes_outputs_eval_and_resume(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "ppo", "--log-dir", str(run), "--seed", "3", *TINY]) == 0

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from tensordict import TensorDict
+from tensordict.nn import TensorDictParams
 from torch import nn
 
 from fnrl.optim import (
@@ -324,6 +325,31 @@ def test_state_layout_is_fixed_and_steps_count(name):
     counters = [value for key, value in state.flatten_keys(".").items() if key.endswith("step")]
     assert counters and all(c.dtype == torch.int64 and c.ndim == 0 and c.item() == 3 for c in counters)
     assert all(v.item() == 0 for k, v in initial.flatten_keys(".").items() if k.endswith("step"))
+
+
+def test_layout_lists_the_leaves_in_the_tensordicts_order_with_nested_batch_sizes():
+    params = TensorDict({"actor": TensorDict.from_module(make_mlp()).detach(),
+                         "q": {"w": torch.zeros(2, 3, 3), "b": torch.zeros(2, 3)}}, batch_size=[])
+    params["q"].batch_size = [2]
+    layout = Layout.of(params)
+    assert layout.keys == [k if isinstance(k, tuple) else (k,) for k in params.keys(True, True)]
+    assert layout.sizes == {("q",): torch.Size([2])}
+    assert Layout.of(params.clone()) is layout   # one Layout per structure
+    rebuilt = layout.tree(layout.leaves(params))
+    assert rebuilt["q"].batch_size == (2,)
+    assert all(a is b for a, b in zip(layout.leaves(rebuilt), layout.leaves(params)))
+    wrapped = TensorDictParams(params, no_convert=True)   # not a plain TensorDict: walked and read through its API
+    assert Layout.of(wrapped) is layout
+    assert all(a is b for a, b in zip(layout.leaves(wrapped), layout.leaves(params)))
+
+
+@pytest.mark.parametrize("params", [
+    TensorDict({"w": torch.zeros(3)}, batch_size=[3]),                      # a batch size
+    TensorDict({"w": torch.zeros(3), "n": torch.zeros(3, dtype=torch.long)}, batch_size=[]),   # not floating point
+    TensorDict({"w": torch.zeros(3), "empty": {"inner": {}}}, batch_size=[]),   # a nested TensorDict without leaves
+], ids=["batched", "integer-leaf", "empty-node"])
+def test_layout_of_is_none_where_the_list_form_does_not_apply(params):
+    assert Layout.of(params) is None
 
 
 def test_vmap_over_seeds_with_per_seed_learning_rate():

@@ -139,6 +139,30 @@ def test_bad_options_are_config_errors():
         a2c.validate(a2c.Config(num_envs=0))
 
 
+def test_masked_means_of_several_terms_equal_one_at_a_time_eager_and_under_vmap():
+    g = torch.Generator().manual_seed(0)
+    x, y, z = torch.randn(3, 4, 16, generator=g)
+    mask = torch.rand(4, 16, generator=g) > 0.3
+    one_at_a_time = [(t * mask).sum() / mask.sum() for t in (x, y, z)]
+    for got in (common.masked_means(mask, x.dtype)(x, y, z),
+                torch.vmap(lambda a: torch.stack(common.masked_means(mask, a.dtype)(a, y, z)))(x[None])[0]):
+        torch.testing.assert_close(torch.stack(tuple(got)), torch.stack(one_at_a_time))
+    assert common.masked_means(mask, x.dtype)(x).ndim == 0
+    assert common.masked_means(torch.zeros(4, 16, dtype=torch.bool), x.dtype)(x, y)[1] == 0   # no valid step
+
+
+def test_take_rows_is_indexing_by_rows():
+    g = torch.Generator().manual_seed(0)
+    batch = TensorDict({"obs": torch.randn(8, 3, generator=g), "action": torch.randint(0, 2, (8,), generator=g)},
+                       batch_size=[8])
+    index = torch.randperm(8, generator=g)[:5]
+    rows = common.take_rows(batch, index)
+    assert rows.batch_size == (5,) and set(rows.keys()) == set(batch.keys())
+    assert all(torch.equal(rows[k], batch[index][k]) for k in batch.keys())
+    nested = TensorDict({"obs": {"pixels": torch.randn(8, 2, generator=g)}}, batch_size=[8])   # the generic path
+    torch.testing.assert_close(common.take_rows(nested, index)["obs", "pixels"], nested["obs", "pixels"][index])
+
+
 def test_scan_steps_compiled_equals_the_python_loop():
     """`scan_steps` inside torch.compile (torch's scan) gives the Python loop's carry and stacked
     outputs, and rebuilds the carry TensorDicts exactly: key order, empty nested ones, and a

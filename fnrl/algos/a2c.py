@@ -146,8 +146,8 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
         v_loss = losses.squared_loss(value - (advantage + value.detach()))
         entropy = dist.entropy(*d)
         total = mean_of(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy)
-        return total, {"loss/policy": mean_of(pg.detach()), "loss/value": mean_of(v_loss.detach()),
-                       "loss/entropy": mean_of(entropy.detach())}
+        means = mean_of(pg.detach(), v_loss.detach(), entropy.detach())   # the metrics, as one reduction
+        return total, dict(zip(("loss/policy", "loss/value", "loss/entropy"), means))
 
     def update(state: TensorDict, rollout: TensorDict):
         new_state = state.copy()

@@ -205,9 +205,8 @@ def make(config: Config, spec: EnvSpec, network=None) -> Agent:
         entropy = dist.entropy(*d)
         total = mean_of(pg + config.vf_coef * v_loss - config.ent_coef * entropy)
         rho = (logp.detach() - batch["logp"]).exp()
-        return total, {"loss/policy": mean_of(pg.detach()), "loss/value": mean_of(v_loss.detach()),
-                       "loss/entropy": mean_of(entropy.detach()), "rho_mean": mean_of(rho),
-                       "advantage_mean": mean_of(pg_adv.detach())}
+        means = mean_of(pg.detach(), v_loss.detach(), entropy.detach(), rho, pg_adv.detach())   # one reduction
+        return total, dict(zip(("loss/policy", "loss/value", "loss/entropy", "rho_mean", "advantage_mean"), means))
 
     def update(state: TensorDict, batch: TensorDict):
         params, opt_state, metrics = gradient_step(loss, state["params"], opt, state["opt_state"], batch)

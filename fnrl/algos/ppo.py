@@ -38,7 +38,7 @@ from tensordict import TensorDict
 from fnrl import losses, optim, rng
 from fnrl.accel.staged import staged_update
 from fnrl.algos.common import (Agent, action_dist, check_positive, config_policy, gradient_step, init_params,
-                               masked_mean, masked_means, scan_steps, shares_torso)
+                               masked_mean, masked_means, scan_steps, shares_torso, take_rows)
 from fnrl.algos.spec import AlgorithmSpec
 from fnrl.envs.spec import EnvSpec
 from fnrl.errors import ConfigError
@@ -212,14 +212,10 @@ def _loss(config: Config, dist, forward):
             v_loss = losses.squared_loss(value - mb["target"])
         entropy = dist.entropy(*d)
         total = mean_of(pg + hp["vf_coef"] * v_loss - hp["ent_coef"] * entropy)
-        # the metrics from detached terms: no autograd records for them in eager mode
-        return total, {
-            "loss/policy": mean_of(pg.detach()),
-            "loss/value": mean_of(v_loss.detach()),
-            "loss/entropy": mean_of(entropy.detach()),
-            "approx_kl": mean_of(losses.approx_kl(logp.detach(), mb["logp"])),
-            "clipfrac": mean_of(clipped.detach()),
-        }
+        # the metrics from detached terms (no autograd records for them in eager mode), as one reduction
+        means = mean_of(pg.detach(), v_loss.detach(), entropy.detach(),
+                        losses.approx_kl(logp.detach(), mb["logp"]), clipped.detach())
+        return total, dict(zip(("loss/policy", "loss/value", "loss/entropy", "approx_kl", "clipfrac"), means))
 
     return loss
 
@@ -348,7 +344,7 @@ def make(config: Config, spec: EnvSpec, compile: bool = False, batched: bool = F
     prepare = _preparation(config, rnn, policy, observe, value_in_act, T, B)
 
     def minibatch_step(params, opt_state, flat, index, clip, kl_coef, hp):
-        mb = flat[:, index] if recurrent else flat[index]
+        mb = flat[:, index] if recurrent else take_rows(flat, index)
         return gradient_step(loss, params, opt, opt_state, mb, clip, kl_coef, hp)
 
     def kl_adapt(params, flat, kl_coef):

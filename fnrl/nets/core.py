@@ -9,6 +9,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from fnrl.errors import ConfigError
+from fnrl.tensordicts import leaf_reader
 
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +145,7 @@ def call(module: nn.Module, params: TensorDict, *inputs):
     if chain is not None and len(inputs) == 1 and not _hooked(module):
         x = inputs[0]
         for op, weight, bias in chain:
-            x = op(x) if weight is None else nn.functional.linear(x, params.get(weight), params.get(bias))
+            x = op(x) if weight is None else nn.functional.linear(x, weight(params), bias(params))
         return x
     slots = _slots(module)
     values = [params.get(key) for _, _, key in slots]
@@ -164,8 +165,9 @@ _CHAIN_OPS = {Tanh: torch.tanh, nn.Tanh: torch.tanh, nn.ReLU: torch.relu, nn.Ide
 def _chain(module: nn.Module) -> list | None:
     """`module`'s ops in eager mode when it is an `nn.Sequential` of `nn.Linear` (fnrl's
     subclasses included: eager, they are `F.linear`) with its own weight and bias, and tanh /
-    ReLU / identity layers, else None: a list of (op, None, None) or (None, weight key, bias key).
-    Computed once per module and again whenever its layers change (a layer used twice runs twice)."""
+    ReLU / identity layers, else None: a list of (op, None, None) or (None, weight reader, bias reader),
+    the readers `fnrl.tensordicts.leaf_reader`s of the layer's keys. Computed once per module and
+    again whenever its layers change (a layer used twice runs twice)."""
     layers = tuple(module._modules.items())
     cached = module.__dict__.get("_fnrl_chain")
     if cached is not None and len(cached[0]) == len(layers) and all(
@@ -175,7 +177,7 @@ def _chain(module: nn.Module) -> list | None:
     for name, layer in layers if chain is not None else ():
         if isinstance(layer, nn.Linear) and type(layer).forward in (nn.Linear.forward, Linear.forward) \
                 and layer._parameters.get("weight") is not None and layer._parameters.get("bias") is not None:
-            chain.append((None, (name, "weight"), (name, "bias")))
+            chain.append((None, leaf_reader((name, "weight")), leaf_reader((name, "bias"))))
         elif type(layer) in _CHAIN_OPS and not (isinstance(layer, nn.ReLU) and layer.inplace):
             if _CHAIN_OPS[type(layer)] is not None:
                 chain.append((_CHAIN_OPS[type(layer)], None, None))
