@@ -124,6 +124,7 @@ class Layout:
         self.keys = keys
         self.sizes = sizes or {}
         self._readers = [leaf_reader(key) for key in keys]
+        self._plan = _plan(keys, self.sizes)
 
     @classmethod
     def of(cls, params: TensorDictBase) -> "Layout | None":
@@ -138,13 +139,7 @@ class Layout:
         return [read(td) for read in self._readers]
 
     def tree(self, leaves: list[torch.Tensor]) -> TensorDict:
-        root: dict = {}
-        for key, leaf in zip(self.keys, leaves):
-            node = root
-            for part in key[:-1]:
-                node = node.setdefault(part, {})
-            node[key[-1]] = leaf
-        return _tree(root, self.sizes, ())
+        return _tree(self._plan, leaves)
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,11 +168,30 @@ def _walk(td: TensorDictBase, prefix: tuple, keys: list, sizes: dict) -> bool:
 
 
 _SCALAR = torch.Size([])
-def _tree(node: dict, sizes: dict, path: tuple) -> TensorDict:
-    """The TensorDict (no device) of nested dicts of tensors, the node at `path` with batch size
-    `sizes.get(path, [])` (`unchecked_tensordict`: the layouts' keys and leaves are known good)."""
-    items = {k: _tree(v, sizes, (*path, k)) if type(v) is dict else v for k, v in node.items()}
-    return unchecked_tensordict(items, sizes.get(path, _SCALAR))
+
+
+def _plan(keys: list, sizes: dict) -> tuple:
+    """How `tree` nests a list of leaves in `keys`' order: (batch size, [(name, leaf index or the
+    nested node's plan), ...]) of the root, the nested TensorDicts with their `sizes` (else [])."""
+    root: dict = {}
+    for index, key in enumerate(keys):
+        node = root
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = index
+
+    def plan(node: dict, path: tuple) -> tuple:
+        return sizes.get(path, _SCALAR), [(name, plan(value, (*path, name)) if type(value) is dict else value)
+                                          for name, value in node.items()]
+    return plan(root, ())
+
+
+def _tree(plan: tuple, leaves: list[torch.Tensor]) -> TensorDict:
+    """The TensorDict (no device) of `leaves` nested as `plan` says (`unchecked_tensordict`: the
+    layouts' keys and leaves are known good)."""
+    size, entries = plan
+    return unchecked_tensordict({name: leaves[at] if type(at) is int else _tree(at, leaves) for name, at in entries},
+                                size)
 
 
 # ---------------------------------------------------------------------------
