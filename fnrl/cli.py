@@ -368,9 +368,8 @@ def command_line() -> int:
     """The `fnrl` command (and `python -m fnrl`): `main()` on the process's arguments, its exit
     status returned for `sys.exit`. Before it returns, every object left is moved out of the
     garbage collector's reach (`gc.freeze`): the interpreter's last collections at exit would
-    otherwise walk all of torch's objects, about half a second of every command on a 2-core
-    machine. Whatever the command opened is closed by then; callers of `main` in a process that
-    goes on are not affected."""
+    otherwise walk all of torch's objects (`docs/decisions.md`). Whatever the command opened is
+    closed by then; callers of `main` in a process that goes on are not affected."""
     import gc
 
     code = main()

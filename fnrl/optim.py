@@ -189,8 +189,8 @@ def _plan(keys: list, sizes: dict) -> tuple:
 def _tree(plan: tuple, leaves: list[torch.Tensor]) -> TensorDict:
     """The TensorDict (no device) of `leaves` nested as `plan` says (`unchecked_tensordict`: the
     layouts' keys and leaves are known good)."""
-    size, entries = plan
-    return unchecked_tensordict({name: leaves[at] if type(at) is int else _tree(at, leaves) for name, at in entries},
+    size, nested = plan
+    return unchecked_tensordict({name: leaves[at] if type(at) is int else _tree(at, leaves) for name, at in nested},
                                 size)
 
 

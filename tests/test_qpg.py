@@ -290,8 +290,8 @@ def test_one_adam_with_group_rates_equals_separate_adams():
 def test_gradient_steps_on_leaves_with_stacked_critics_equal_the_tensordict_steps():
     """SAC's parameters (stacked critics [2], a 0-d log temperature) have a `Layout`, and Adam with
     group rates has `update_leaves`: plain eager `gradient_step`s on the leaves (the TensorDict
-    update refuses to run) end on the same
-    parameters and state, bit for bit, as the TensorDict update, with the same structure."""
+    update refuses to run) end on the same parameters and state, bit for bit, as the TensorDict
+    update, with the same structure."""
     from fnrl.algos.common import gradient_step
 
     g = torch.Generator().manual_seed(0)

@@ -96,7 +96,7 @@ def masked_means(mask: torch.Tensor, dtype: torch.dtype) -> Callable[..., torch.
 
 def take_rows(batch: TensorDict, index: torch.Tensor) -> TensorDict:
     """`batch[index]` for a 1-D index tensor; in plain eager mode through
-    `fnrl.tensordicts.gather_rows` where it applies (the same tensors, in about half the time)."""
+    `fnrl.tensordicts.gather_rows` where it applies (the same tensors, fewer TensorDict checks)."""
     rows = gather_rows(batch, index) if plain_eager() else None
     return batch[index] if rows is None else rows
 
