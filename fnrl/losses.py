@@ -167,8 +167,12 @@ def clipped_surrogate_loss(
     advantage = advantage.detach()
     ratio = _ratio(logp, old_logp)
     surrogate = ratio * advantage
-    clipped_surrogate = _clamp(ratio, 1 - clip, 1 + clip) * advantage
-    loss = -torch.minimum(surrogate, clipped_surrogate)
+    # Where the clipped term is the smaller one, r is past the range and the term's gradient is
+    # zero: it is a constant, and the minimum a `where` that passes the gradient through r A
+    # wherever r A is not larger. The same numbers as `torch.minimum` (whose gradient's halves at
+    # ties add up to this) with fewer autograd records.
+    clipped_surrogate = _clamp(ratio.detach(), 1 - clip, 1 + clip) * advantage
+    loss = -torch.where(surrogate.detach() <= clipped_surrogate, surrogate, clipped_surrogate)
     clipped = ((ratio.detach() - 1).abs() > clip).to(logp.dtype)
     return loss, clipped
 

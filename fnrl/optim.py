@@ -590,14 +590,14 @@ def _fused_adam(stages: tuple, update_leaves: Callable) -> Callable | None:
         moments = _sub_state(state, adam_path)
         step = moments["step"] + 1
         rate, rate_state = rate_and_state(_sub_state(state, rate_path))
-        new_params = [p.clone() for p in params]
-        exp_avg = [m.clone() for m in layout.leaves(moments["exp_avg"])]
-        exp_avg_sq = [v.clone() for v in layout.leaves(moments["exp_avg_sq"])]
+        new_params = torch._foreach_clone(params)
+        exp_avg = torch._foreach_clone(layout.leaves(moments["exp_avg"]))
+        exp_avg_sq = torch._foreach_clone(layout.leaves(moments["exp_avg_sq"]))
         rate = torch.as_tensor(rate, dtype=params[0].dtype, device=params[0].device)
         torch._fused_adam_(new_params, list(grads), exp_avg, exp_avg_sq, [], [step.to(torch.float32)] * len(params),
                            lr=rate, beta1=b1, beta2=b2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
-        moments = TensorDict({"step": step, "exp_avg": layout.tree(exp_avg), "exp_avg_sq": layout.tree(exp_avg_sq)},
-                             batch_size=[])
+        moments = unchecked_tensordict({"step": step, "exp_avg": layout.tree(exp_avg),
+                                        "exp_avg_sq": layout.tree(exp_avg_sq)}, [])
         return new_params, _replaced(state, {adam_path: moments, rate_path: rate_state})
 
     return apply_leaves
@@ -615,10 +615,10 @@ def _replaced(state: TensorDictBase, replacements: dict) -> TensorDictBase:
     if () in replacements:
         return replacements[()]
     items = {}
-    for key, value in state.items():
+    for key, value in entries(state):
         inner = {path[1:]: new for path, new in replacements.items() if path[0] == key}
         items[key] = _replaced(value, inner) if inner else value
-    return TensorDict(items, batch_size=[])
+    return unchecked_tensordict(items, [])
 
 
 # ---------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def unchecked_tensordict(items: dict, batch_size, device=None) -> TensorDict:
     where it offers that (`TensorDict._new_unsafe`): for items known to fit the batch size."""
     if _new_unsafe is None:
         return TensorDict(items, batch_size=batch_size, device=device)
-    return _new_unsafe(items, batch_size=batch_size, device=device)
+    return _new_unsafe(items, batch_size=torch.Size(batch_size), device=device)   # a list would fail guards
 
 
 def entries(td: TensorDictBase):

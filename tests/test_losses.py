@@ -526,6 +526,28 @@ def test_func_grad_of_clipped_surrogate(gen):
     close(g, torch.where(active, -r * adv, torch.zeros_like(r)) / 16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_clipped_surrogate_gradient_equals_the_minimum_form(gen, dtype):
+    """The loss and its gradient are exactly those of -min(r A, clip(r, 1 - eps, 1 + eps) A) through
+    autograd (whose minimum splits ties in halves): inside the range, past it, at its edges, and A = 0."""
+    ratio = torch.cat([torch.exp(randn(gen, 256) * 0.3), torch.tensor([0.8, 1.2, 1.0, 0.5, 1.5], dtype=D)]).to(dtype)
+    adv = torch.cat([randn(gen, 256), torch.tensor([1.0, -1.0, 0.0, 0.0, 2.0], dtype=D)]).to(dtype)
+    old = randn(gen, 261).to(dtype) * 0.1
+
+    def reference(logp):
+        r = torch.exp(logp - old)
+        return -torch.minimum(r * adv, torch.clamp(torch.clamp(r, min=0.8), max=1.2) * adv)
+
+    grads = []
+    for loss_fn in (lambda lp: L.clipped_surrogate_loss(lp, old, adv, 0.2)[0], reference):
+        logp = (ratio.log() + old).requires_grad_()
+        loss = loss_fn(logp)
+        loss.sum().backward()
+        grads.append((loss.detach(), logp.grad))
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert torch.equal(grads[0][1], grads[1][1])
+
+
 def test_func_grad_of_categorical_cross_entropy(gen):
     logits, target = randn(gen, 3, 5), torch.softmax(randn(gen, 3, 5), -1)
     g = torch.func.grad(lambda x: L.categorical_cross_entropy(x, target).sum())(logits)

@@ -163,6 +163,15 @@ def test_take_rows_is_indexing_by_rows():
     torch.testing.assert_close(common.take_rows(nested, index)["obs", "pixels"], nested["obs", "pixels"][index])
 
 
+def test_unchecked_tensordict_holds_a_torch_size():
+    """A batch size given as a list is kept as a `torch.Size`, as `TensorDict` keeps it: a compiled
+    function's guards on a state built eagerly then hold (a list's type id would recompile it)."""
+    from fnrl.tensordicts import unchecked_tensordict
+    td = unchecked_tensordict({"x": torch.zeros(3)}, [3])
+    assert type(td.batch_size) is torch.Size and td.batch_size == (3,)
+    assert type(unchecked_tensordict({}, []).batch_size) is torch.Size
+
+
 def test_scan_steps_compiled_equals_the_python_loop():
     """`scan_steps` inside torch.compile (torch's scan) gives the Python loop's carry and stacked
     outputs, and rebuilds the carry TensorDicts exactly: key order, empty nested ones, and a
